@@ -1,0 +1,1 @@
+"""The ``rag-mag`` command line: one module per subcommand, each with ``add_parser`` and ``run``."""

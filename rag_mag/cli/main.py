@@ -1,0 +1,82 @@
+"""Entry point of the ``rag-mag`` command.
+
+Each subcommand lives in its own module of this package and exposes
+``add_parser(subparsers) -> argparse.ArgumentParser`` and ``run(args) -> int``.
+Errors a user can cause (``RagMagError``) are printed as one line, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from rag_mag import __version__
+from rag_mag.errors import RagMagError
+
+# subcommand name -> module in rag_mag.cli (imported lazily so `rag-mag --help` stays fast)
+COMMANDS = {
+    "train": "train",
+    "mine": "mine",
+    "encode": "encode",
+    "index": "index",
+    "ask": "ask",
+    "run": "run_pipeline",
+    "serve-llm": "serve_llm",
+    "serve": "serve",
+    "bench": "bench",
+    "quickstart": "quickstart",
+}
+
+
+def _offline_defaults() -> None:
+    # No model hub is needed at run time: everything defaults to local files. Users can override.
+    os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rag-mag", description=(
+        "Retrieval-augmented QA with magnitude-aware dense retrieval: train a retriever under a "
+        "similarity strategy (cosine, dot, qnorm, dnorm, learnable), index with FAISS, answer with vLLM."))
+    parser.add_argument("--version", action="version", version=f"rag-mag {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(f"rag_mag.cli.{module_name}")
+        except ModuleNotFoundError as error:
+            if error.name == f"rag_mag.cli.{module_name}":
+                continue  # not built yet
+            raise
+        sub = module.add_parser(subparsers)
+        sub.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _offline_defaults()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "urllib3", "haystack", "transformers", "datasets", "filelock"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except RagMagError as error:
+        print(f"rag-mag {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rag-mag {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The magnitude-aware encoder: a Hugging Face transformer, a pooling, and per-side treatment.
+
+``MagnitudeEncoder.build()`` makes a fresh one for training, ``load()`` / ``save()`` read and write a
+checkpoint folder: the transformer as safetensors, its tokenizer, and ``rag_mag.json`` (strategy,
+learned degrees, norm scales, pooling, base model, lengths). The encoder knows nothing of the loss,
+the trainer or Haystack.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rag_mag.errors import CheckpointError, ConfigError
+from rag_mag.strategies import DegreeParameters, SideTreatment, Strategy, treat
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "rag_mag.json"
+POOLINGS = ("mean", "cls")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class EncoderConfig:
+    """Everything needed to rebuild an encoder for inference (saved as ``rag_mag.json``)."""
+
+    base_model: str
+    strategy: str = "cosine"
+    pooling: str = "mean"
+    query_max_length: int = 32
+    document_max_length: int = 128
+    query_degree: float = 1.0
+    document_degree: float = 1.0
+    query_norm_scale: float = 1.0
+    document_norm_scale: float = 1.0
+    temperature: float = 0.05
+    training: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        self.strategy = Strategy.parse(self.strategy).value
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"unknown pooling {self.pooling!r}; valid poolings are: {', '.join(POOLINGS)}")
+        for name in ("query_max_length", "document_max_length"):
+            if int(getattr(self, name)) < 2:
+                raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
+        for name in ("query_norm_scale", "document_norm_scale", "temperature"):
+            value = float(getattr(self, name))
+            if not np.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive finite number, got {value}")
+
+
+class MagnitudeEncoder(torch.nn.Module):
+    """One shared transformer for queries and documents, with its own length limit per side."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, config: EncoderConfig) -> None:
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.degrees = DegreeParameters(config.strategy, config.query_degree, config.document_degree)
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def build(cls, base_model: str | None = None, strategy: str = "cosine", pooling: str = "mean",
+              query_max_length: int = 32, document_max_length: int = 128, temperature: float = 0.05,
+              ) -> MagnitudeEncoder:
+        """A fresh encoder from a local folder or hub id (default: the packaged all-MiniLM-L6-v2)."""
+        from transformers import AutoModel, AutoTokenizer
+
+        from rag_mag.models import default_retriever_base
+
+        base_model = base_model or default_retriever_base()
+        strategy = Strategy.parse(strategy)
+        query_degree, document_degree = DegreeParameters(strategy).as_floats()
+        config = EncoderConfig(base_model=base_model, strategy=strategy.value, pooling=pooling,
+                               query_max_length=query_max_length, document_max_length=document_max_length,
+                               query_degree=query_degree, document_degree=document_degree,
+                               temperature=temperature)
+        try:
+            # AutoModel loads the bare transformer: a sentence-transformers Normalize module is not applied.
+            model = AutoModel.from_pretrained(base_model)
+            tokenizer = AutoTokenizer.from_pretrained(base_model)
+        except OSError as error:
+            raise ConfigError(f"cannot load base model {base_model!r}: {error}. Give a local model folder, or a "
+                              "hub id on a machine that can reach the hub.") from None
+        return cls(model, tokenizer, config)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> MagnitudeEncoder:
+        """Load a checkpoint folder written by ``save``; fails clearly if it is missing or corrupt."""
+        from transformers import AutoModel, AutoTokenizer
+
+        folder = Path(path)
+        config_file = folder / CONFIG_NAME
+        if not folder.is_dir():
+            raise CheckpointError(f"retriever checkpoint {folder} does not exist; train one with "
+                                  "`rag-mag train --out DIR` or pass the right --retriever folder")
+        if not config_file.is_file():
+            raise CheckpointError(f"{folder} is not a rag-mag checkpoint: {CONFIG_NAME} is missing")
+        try:
+            raw = json.loads(config_file.read_text())
+            config = EncoderConfig(**raw)
+        except (json.JSONDecodeError, TypeError, ConfigError, ValueError) as error:
+            raise CheckpointError(f"corrupt checkpoint config {config_file}: {error}") from None
+        try:
+            model = AutoModel.from_pretrained(folder)
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        except Exception as error:  # transformers raises many types for a damaged folder
+            raise CheckpointError(f"corrupt checkpoint weights in {folder}: {error}. Retrain or restore "
+                                  "the folder from a backup") from None
+        encoder = cls(model, tokenizer, config)
+        encoder.eval()
+        return encoder
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the checkpoint atomically: a temporary folder that replaces ``path`` in one rename."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self.config.query_degree, self.config.document_degree = self.degrees.as_floats()
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            self.model.save_pretrained(staging, safe_serialization=True)
+            self.tokenizer.save_pretrained(staging)
+            (staging / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2))
+            replace_dir(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    # ----------------------------------------------------------------- treatments
+    def query_treatment(self) -> SideTreatment:
+        return SideTreatment(self.degrees.as_floats()[0], self.config.query_norm_scale)
+
+    def document_treatment(self) -> SideTreatment:
+        return SideTreatment(self.degrees.as_floats()[1], self.config.document_norm_scale)
+
+    def treat_queries(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Differentiable in g (used by the trainer)."""
+        return treat(embeddings, self.degrees.degrees()[0], self.config.query_norm_scale)
+
+    def treat_documents(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return treat(embeddings, self.degrees.degrees()[1], self.config.document_norm_scale)
+
+    # ----------------------------------------------------------------- forward
+    def tokenize(self, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
+        """Dynamic padding: the batch is padded to its own longest text, not to ``max_length``."""
+        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
+                              return_tensors="pt")
+
+    def pool(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Raw pooled embeddings (batch, dim): no normalization, the magnitude is kept."""
+        hidden = self.model(**batch).last_hidden_state  # (batch, tokens, dim)
+        if self.config.pooling == "cls":
+            return hidden[:, 0]
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (batch, tokens, 1)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+
+    def embed_queries(self, texts: Sequence[str]) -> torch.Tensor:
+        return self.pool(self.tokenize(texts, self.config.query_max_length))
+
+    def embed_documents(self, texts: Sequence[str]) -> torch.Tensor:
+        return self.pool(self.tokenize(texts, self.config.document_max_length))
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], side: str, batch_size: int = 64, treated: bool = True,
+               show_progress: bool = False) -> np.ndarray:
+        """Embed many texts for inference: (n, dim) float32, in the order given.
+
+        Texts are sorted by length so each batch holds similar lengths (little padding), then the
+        original order is restored. ``treated=False`` returns the raw pooled vectors.
+        """
+        if side not in ("query", "document"):
+            raise ValueError(f"side must be 'query' or 'document', got {side!r}")
+        texts = list(texts)
+        dim = self.model.config.hidden_size
+        if not texts:
+            return np.zeros((0, dim), dtype=np.float32)
+        max_length = self.config.query_max_length if side == "query" else self.config.document_max_length
+        order = np.argsort([-len(text) for text in texts], kind="stable")
+        output = np.zeros((len(texts), dim), dtype=np.float32)
+        was_training = self.training
+        self.eval()
+        batches = range(0, len(texts), batch_size)
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            batches = tqdm(batches, desc=f"encoding {side}s", unit="batch")
+        for start in batches:
+            index = order[start:start + batch_size]
+            vectors = self.pool(self.tokenize([texts[i] for i in index], max_length)).float()
+            if treated:
+                vectors = (self.query_treatment() if side == "query" else self.document_treatment()).apply(vectors)
+            output[index] = vectors.numpy()
+        self.train(was_training)
+        return output
+
+
+def replace_dir(staging: Path, target: Path) -> None:
+    """Swap ``staging`` into ``target``; the old ``target`` survives until the new one is in place."""
+    backup = target.with_name(f".{target.name}.old")
+    shutil.rmtree(backup, ignore_errors=True)
+    if target.exists():
+        os.replace(target, backup)
+    os.replace(staging, target)
+    shutil.rmtree(backup, ignore_errors=True)

@@ -1,0 +1,25 @@
+"""Errors a user can cause. The CLI prints their message alone (no traceback) and exits with 2."""
+
+
+class RagMagError(Exception):
+    """Base class: the message names the problem and how to fix it."""
+
+
+class DataError(RagMagError):
+    """A data file is missing or malformed (the message names the file and line)."""
+
+
+class CheckpointError(RagMagError):
+    """A retriever checkpoint or index is missing, corrupt or inconsistent."""
+
+
+class ConfigError(RagMagError):
+    """A configuration value, YAML file or flag is invalid."""
+
+
+class ServerNotRunningError(RagMagError):
+    """The vLLM server cannot be reached."""
+
+
+class TrainingError(RagMagError):
+    """Training diverged (NaN or infinite values)."""

