@@ -102,6 +102,8 @@ class MagnitudeEncoder(torch.nn.Module):
         from transformers import AutoModel, AutoTokenizer
 
         folder = Path(path)
+        if not (folder / CONFIG_NAME).exists() and (folder / "best" / CONFIG_NAME).is_file():
+            folder = folder / "best"  # a training output folder: use its best checkpoint
         config_file = folder / CONFIG_NAME
         if not folder.is_dir():
             raise CheckpointError(f"retriever checkpoint {folder} does not exist; train one with "

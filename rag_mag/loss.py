@@ -23,11 +23,15 @@ class InfoNCELoss(torch.nn.Module):
             raise ValueError(f"temperature must be positive, got {temperature}")
         self.temperature = temperature
 
-    def forward(self, queries: torch.Tensor, positives: torch.Tensor,
-                hard_negatives: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, queries: torch.Tensor, positives: torch.Tensor, hard_negatives: torch.Tensor | None = None,
+                false_negatives: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         # queries: (batch, dim), positives: (batch, dim), hard_negatives: (batch * n_hard, dim) or None
+        # false_negatives: (batch, n_docs) bool, True where a document is another copy of a positive of
+        # that query (e.g. two HotpotQA questions sharing a paragraph); those are left out of the softmax.
         documents = positives if hard_negatives is None else torch.cat([positives, hard_negatives])
-        scores = queries @ documents.T / self.temperature  # (batch, batch + batch * n_hard)
+        scores = queries @ documents.T / self.temperature  # (batch, n_docs), n_docs = batch + batch * n_hard
+        if false_negatives is not None:
+            scores = scores.masked_fill(false_negatives, float("-inf"))
         labels = torch.arange(queries.shape[0], device=queries.device)  # (batch,)
         loss = F.cross_entropy(scores, labels)
         accuracy = (scores.argmax(dim=1) == labels).float().mean()

@@ -1,0 +1,133 @@
+"""Training configuration: one typed dataclass, settable from one YAML/JSON file and from CLI flags.
+
+Every field carries its help text; ``add_dataclass_arguments`` turns the fields into ``--flags`` and
+``load_train_config`` merges defaults < file < flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from rag_mag.errors import ConfigError
+from rag_mag.strategies import Strategy
+
+
+def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" mirrors argparse
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    strategy: str = _f("qnorm", "similarity strategy: cosine, dot, qnorm, dnorm or learnable")
+    train_data: str = _f("", "training triples JSONL ({query, positives[], hard_negatives[]}); .gz is fine")
+    out: str = _f("", "output folder: best/ (best on validation), last/ (for resuming), train_log.jsonl")
+    val_data: str = _f("", "held-out triples JSONL for validation; empty: hold out val_fraction of train_data")
+    val_fraction: float = _f(0.1, "share of training queries held out for validation when val_data is empty")
+    val_max_queries: int = _f(300, "at most this many validation queries (their passages form the search pool)")
+    base_model: str = _f("", "Hugging Face encoder: local folder or hub id (empty: packaged all-MiniLM-L6-v2)")
+    pooling: str = _f("mean", "pooling of token vectors: mean or cls")
+    query_max_length: int = _f(32, "max query tokens")
+    document_max_length: int = _f(128, "max passage tokens")
+    temperature: float = _f(0.05, "softmax temperature of InfoNCE (the paper's 0.05)")
+    calibrate_norms: bool = _f(True, "divide each raw side by its mean norm at initialization, so every strategy "
+                                      "starts at the same effective temperature (see PRODUCT.md)")
+    calibration_samples: int = _f(256, "training texts per side used to measure the initial mean norm")
+    steps: int = _f(200, "optimizer steps")
+    batch_size: int = _f(32, "queries per step (each with one positive and hard_negatives negatives)")
+    hard_negatives: int = _f(1, "hard negatives per query (0: in-batch negatives only)")
+    learning_rate: float = _f(2e-5, "AdamW learning rate of the encoder")
+    gamma_learning_rate: float = _f(1e-2, "learning rate of the learnable normalization degrees (learnable only)")
+    weight_decay: float = _f(0.01, "AdamW weight decay (not applied to biases, LayerNorm or degrees)")
+    warmup_ratio: float = _f(0.1, "share of steps with linear warm-up before the cosine decay")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm")
+    bf16: bool = _f(False, "train under torch.autocast(cpu, bfloat16): faster on CPUs with avx512_bf16")
+    seed: int = _f(0, "random seed (data order, sampling, initialization of nothing else)")
+    eval_every: int = _f(50, "validate every N steps (0: only at the end)")
+    log_every: int = _f(10, "log training statistics every N steps")
+    save_every: int = _f(50, "write the resumable last/ checkpoint every N steps")
+    threads: int = _f(0, "torch CPU threads (0: torch's default)")
+    resume: bool = _f(True, "continue from out/last when it exists")
+
+    def __post_init__(self) -> None:
+        self.strategy = Strategy.parse(self.strategy).value
+        positive_ints = ("steps", "batch_size", "query_max_length", "document_max_length", "calibration_samples",
+                         "log_every", "save_every", "val_max_queries")
+        for name in positive_ints:
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("hard_negatives", "eval_every", "threads"):
+            if int(getattr(self, name)) < 0:
+                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        for name in ("temperature", "learning_rate", "gamma_learning_rate", "max_grad_norm"):
+            value = float(getattr(self, name))
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number, got {value}")
+        for name in ("val_fraction", "warmup_ratio", "weight_decay"):
+            value = float(getattr(self, name))
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {value}")
+        if self.pooling not in ("mean", "cls"):
+            raise ConfigError(f"unknown pooling {self.pooling!r}; valid poolings are: mean, cls")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> None:
+    """One ``--flag`` per field, defaulting to ``None`` so that only flags given on the command line override."""
+    hints = get_type_hints(cls)
+    for spec in fields(cls):
+        flag = "--" + spec.name.replace("_", "-")
+        kind = hints[spec.name]
+        help_text = f"{spec.metadata.get('help', '')} (default: {spec.default!r})"
+        if kind is bool:
+            parser.add_argument(flag, dest=spec.name, default=None, action=argparse.BooleanOptionalAction,
+                                help=help_text)
+        else:
+            parser.add_argument(flag, dest=spec.name, default=None, type=kind, help=help_text)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
+    except (yaml.YAMLError, json.JSONDecodeError) as error:
+        raise ConfigError(f"config file {path} is not valid {'YAML' if path.suffix != '.json' else 'JSON'}: "
+                          f"{error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of field: value")
+    return data
+
+
+def make_config(cls: type, values: dict[str, Any], source: str = "config") -> Any:
+    known = {spec.name for spec in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown {source} field(s): {', '.join(unknown)}; valid fields are: "
+                          f"{', '.join(sorted(known))}")
+    try:
+        return cls(**values)
+    except TypeError as error:
+        raise ConfigError(f"invalid {source}: {error}") from None
+
+
+def load_train_config(args: argparse.Namespace, config_file: str | None = None) -> TrainConfig:
+    """Defaults, then the file's values, then the flags given on the command line."""
+    values: dict[str, Any] = read_config_file(config_file) if config_file else {}
+    for spec in fields(TrainConfig):
+        flag_value = getattr(args, spec.name, None)
+        if flag_value is not None:
+            values[spec.name] = flag_value
+    return make_config(TrainConfig, values, source="training config")
