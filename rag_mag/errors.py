@@ -13,8 +13,8 @@ class CheckpointError(RagMagError):
     """A retriever checkpoint or index is missing, corrupt or inconsistent."""
 
 
-class ConfigError(RagMagError):
-    """A configuration value, YAML file or flag is invalid."""
+class ConfigError(RagMagError, ValueError):
+    """A configuration value, YAML file or flag is invalid (also a ValueError, for library callers)."""
 
 
 class ServerNotRunningError(RagMagError):

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rag_mag.errors import ConfigError
+
 EPS = 1e-12
 
 
@@ -38,7 +40,7 @@ class Strategy(str, enum.Enum):
             return cls(str(name).strip().lower())
         except ValueError:
             valid = ", ".join(s.value for s in cls)
-            raise ValueError(f"unknown similarity strategy {name!r}; valid strategies are: {valid}") from None
+            raise ConfigError(f"unknown similarity strategy {name!r}; valid strategies are: {valid}") from None
 
 
 # (g_query, g_document) of the fixed strategies. learnable starts at (0.5, 0.5).

@@ -1,0 +1,135 @@
+"""Trainer: real steps on a tiny random BERT lower the loss; resume; divergence; bad inputs."""
+
+import json
+
+import pytest
+import torch
+
+from rag_mag import trainer as trainer_module
+from rag_mag.config import TrainConfig
+from rag_mag.data import write_jsonl
+from rag_mag.encoder import MagnitudeEncoder
+from rag_mag.errors import CheckpointError, ConfigError, DataError, TrainingError
+from rag_mag.trainer import Trainer
+from tests.tiny import tiny_encoder
+
+TOPICS = [("paris", "france"), ("london", "england"), ("berlin", "germany"), ("rome", "italy")]
+
+
+def triples():
+    rows = []
+    for i, (city, country) in enumerate(TOPICS * 6):
+        other_city, other_country = TOPICS[(i + 1) % len(TOPICS)]
+        rows.append({"id": f"q{i}", "query": f"what is the capital of {country} {i % 6}",
+                     "positives": [{"id": f"p{i}", "title": city, "text": f"{city} is the capital of {country}"}],
+                     "hard_negatives": [{"id": f"n{i}", "title": other_city,
+                                         "text": f"{other_city} is a city in {other_country}"}]})
+    return rows
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    write_jsonl(tmp_path / "train.jsonl", triples())
+    # Trainer.build would load the packaged MiniLM: hand it the tiny random BERT instead.
+    monkeypatch.setattr(MagnitudeEncoder, "build",
+                        classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tmp_path / "tok", strategy)))
+
+    def make(**overrides):
+        values = dict(train_data=str(tmp_path / "train.jsonl"), out=str(tmp_path / "run"), steps=12,
+                      batch_size=8, learning_rate=1e-3, eval_every=6, log_every=1, save_every=4, val_fraction=0.2,
+                      warmup_ratio=0.0, calibration_samples=8)
+        values.update(overrides)
+        return TrainConfig(**values)
+
+    return make
+
+
+@pytest.mark.parametrize("strategy", ["cosine", "qnorm", "learnable"])
+def test_real_steps_lower_the_loss(setup, strategy):
+    result = Trainer(setup(strategy=strategy, steps=30, eval_every=0, val_fraction=0.0)).train()
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert (result.best_dir / "rag_mag.json").is_file()
+    if strategy == "learnable":
+        assert result.history[-1]["g_query"] != pytest.approx(0.5, abs=1e-4)
+
+
+def test_logs_norm_statistics_and_validation(setup, tmp_path):
+    Trainer(setup()).train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "loss" in line]
+    for key in ("accuracy", "query_norm_mean", "query_norm_cv", "document_norm_mean", "document_norm_cv",
+                "g_query", "g_document"):
+        assert key in steps[0]
+    validations = [line for line in lines if "validation" in line]
+    assert [v["step"] for v in validations] == [6, 12]
+    assert 0 <= validations[0]["validation"]["ndcg@10"] <= 100
+
+
+def test_calibration_is_recorded_in_the_checkpoint(setup):
+    result = Trainer(setup(strategy="dot", steps=2)).train()
+    config = json.loads((result.last_dir / "rag_mag.json").read_text())
+    assert config["query_norm_scale"] != 1.0 and config["document_norm_scale"] != 1.0
+    assert config["training"]["strategy"] == "dot"
+
+
+def test_resume_continues_from_the_saved_step(setup, tmp_path):
+    Trainer(setup(steps=8)).train()
+    state = json.loads((tmp_path / "run" / "last" / "trainer_state.json").read_text())
+    assert state["step"] == 8
+    resumed = Trainer(setup(steps=12)).train()
+    steps = [r["step"] for r in resumed.history if "loss" in r]
+    assert steps == [9, 10, 11, 12]
+
+
+def test_resume_replays_the_same_batches(setup, tmp_path):
+    straight = Trainer(setup(steps=8, out=str(tmp_path / "straight"), eval_every=0)).train()
+    Trainer(setup(steps=4, out=str(tmp_path / "split"), eval_every=0)).train()
+    split = Trainer(setup(steps=8, out=str(tmp_path / "split"), eval_every=0)).train()
+    last_straight = [r for r in straight.history if "loss" in r][-1]["loss"]
+    last_split = [r for r in split.history if "loss" in r][-1]["loss"]
+    assert last_split == pytest.approx(last_straight, rel=1e-3)
+
+
+def test_resume_refuses_another_strategy(setup):
+    Trainer(setup(steps=4)).train()
+    with pytest.raises(CheckpointError, match="--no-resume"):
+        Trainer(setup(steps=8, strategy="dot")).train()
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(setup, tmp_path, monkeypatch):
+    Trainer(setup(steps=4)).train()
+    good = (tmp_path / "run" / "last" / "model.safetensors").read_bytes()
+    real_loss = trainer_module.InfoNCELoss.forward
+
+    def poisoned(self, *args, **kwargs):
+        output = real_loss(self, *args, **kwargs)
+        return {**output, "loss": output["loss"] * torch.tensor(float("nan"))}
+
+    monkeypatch.setattr(trainer_module.InfoNCELoss, "forward", poisoned)
+    with pytest.raises(TrainingError, match="loss became nan"):
+        Trainer(setup(steps=8)).train()
+    assert (tmp_path / "run" / "last" / "model.safetensors").read_bytes() == good
+
+
+def test_magnitude_collapse_is_reported(setup, caplog):
+    trainer = Trainer(setup(strategy="qnorm"))
+    encoder = tiny_encoder(trainer.out.parent / "tok2", "qnorm")
+    record = {"step": 3, "document_norm_cv": 1e-6, "query_norm_cv": 0.2, "document_cosine": 0.999}
+    with caplog.at_level("WARNING"):
+        trainer._watch_collapse(record, encoder)
+    assert "magnitude collapse" in caplog.text and "direction collapse" in caplog.text
+
+
+@pytest.mark.parametrize("field, value, message", [("strategy", "manhattan", "valid strategies"),
+                                                    ("steps", 0, "steps"), ("temperature", -1.0, "temperature"),
+                                                    ("pooling", "max", "valid poolings")])
+def test_bad_config_values_are_rejected(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**{field: value})
+
+
+def test_bad_training_file_names_file_and_line(setup, tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"query": "q", "positives": ["p"]}\n{broken\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2"):
+        Trainer(setup(train_data=str(tmp_path / "bad.jsonl"))).train()
