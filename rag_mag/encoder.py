@@ -197,7 +197,7 @@ class MagnitudeEncoder(torch.nn.Module):
         if show_progress:
             from tqdm.auto import tqdm
 
-            batches = tqdm(batches, desc=f"encoding {side}s", unit="batch")
+            batches = tqdm(batches, desc=f"encoding {side} texts", unit="batch")
         for start in batches:
             index = order[start:start + batch_size]
             vectors = self.pool(self.tokenize([texts[i] for i in index], max_length)).float()

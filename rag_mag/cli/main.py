@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("httpx", "urllib3", "haystack", "transformers", "datasets", "filelock"):
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its per-load "Loading weights" bars drown our own progress
+    for noisy in ("httpx", "urllib3", "haystack", "transformers", "datasets", "filelock", "bm25s"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     if not getattr(args, "handler", None):
         parser.print_help()
