@@ -18,7 +18,7 @@ def tiny_tokenizer(folder: Path):
 
     words = sorted({w for w in ("the a of in is was who what which where when how capital city river paris france "
                                 "london england berlin germany rome italy born wrote book film song king queen "
-                                "year war ocean mountain").split()})
+                                "year war ocean mountain").split()} - set(string.ascii_lowercase))
     pieces = [f"##{c}" for c in string.ascii_lowercase]
     vocab = SPECIAL + list(string.ascii_lowercase) + list(string.digits) + words + pieces
     folder.mkdir(parents=True, exist_ok=True)
