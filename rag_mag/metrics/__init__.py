@@ -18,15 +18,18 @@ from rag_mag.metrics.retrieval import (
     RELEVANCE_MODES,
     Judgement,
     RetrievalScores,
+    complete,
     complete_at_k,
     hit_at_k,
     judge_answers,
     judge_supporting,
     mrr_at_k,
     ndcg_at_k,
+    recall,
     recall_at_k,
     recall_curve,
     score_retrieval,
+    summary_mode,
 )
 
 QA_METRIC_PATH = Path(__file__).resolve().parent / "qa_em_f1.py"
@@ -45,7 +48,7 @@ def load_qa_metric():
 
 __all__ = [
     "AnswerScores", "DEFAULT_KS", "Judgement", "QA_METRIC_PATH", "RELEVANCE_MODES", "RetrievalScores",
-    "complete_at_k", "contains_answer", "exact_match", "f1", "hit_at_k", "judge_answers", "judge_supporting",
-    "load_qa_metric", "mrr_at_k", "ndcg_at_k", "normalize_answer", "recall_at_k", "recall_curve",
-    "score_answers", "score_retrieval",
+    "complete", "complete_at_k", "contains_answer", "exact_match", "f1", "hit_at_k", "judge_answers",
+    "judge_supporting", "load_qa_metric", "mrr_at_k", "ndcg_at_k", "normalize_answer", "recall", "recall_at_k",
+    "recall_curve", "score_answers", "score_retrieval", "summary_mode",
 ]

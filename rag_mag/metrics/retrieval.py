@@ -1,7 +1,8 @@
 """Retrieval metrics as pure functions of one ranked list per question.
 
 A ranked list is first *judged*: each retrieved passage is relevant or not, and the question has a
-number of known relevant passages (``Judgement``). Two ways of judging, fixed per dataset:
+number of known relevant passages (``Judgement``). Two ways of judging, chosen per question (the
+dataset loader uses ``supporting`` wherever a question names gold passages):
 
 * ``supporting`` (the data names gold passages: HotpotQA, MuSiQue, NQ oracle): a passage is relevant
   if its id is one of the question's supporting ids; ``n_relevant`` = number of supporting ids.
@@ -16,7 +17,8 @@ Metrics of one question, each in [0, 1] (``score_retrieval`` reports their means
   recall; a 2-hop question with one of its two passages retrieved scores 0.5). Answer mode: 1 if
   any of the top k contains an answer (DPR's top-k accuracy), since the full set of answer-bearing
   passages of an open corpus is unknown.
-* ``complete@k`` (supporting mode only): 1 if *all* supporting passages are in the top k.
+* ``complete@k``: supporting mode: 1 if *all* supporting passages are in the top k; answer mode: the
+  same as recall@k (one answer-bearing passage is all a reader needs).
 * ``ndcg@10``: binary gains, DCG = sum rel_i / log2(i + 1) over ranks i = 1..k; the ideal DCG puts
   min(n_relevant, k) relevant passages first.
 * ``mrr@10``: 1 / rank of the first relevant passage within the top k, else 0.
@@ -44,6 +46,10 @@ class Judgement:
 
     relevant: tuple[bool, ...]
     n_relevant: int
+    mode: str = "supporting"
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)
 
 
 def check_mode(mode: str) -> str:
@@ -60,7 +66,7 @@ def judge_supporting(ranked_ids: Sequence[str], supporting_ids: Iterable[str]) -
     for passage_id in ranked_ids:
         relevant.append(passage_id in gold and passage_id not in seen)
         seen.add(passage_id)
-    return Judgement(relevant=tuple(relevant), n_relevant=len(gold))
+    return Judgement(relevant=tuple(relevant), n_relevant=len(gold), mode="supporting")
 
 
 def judge_answers(ranked_ids: Sequence[str], ranked_texts: Sequence[str], answers: Sequence[str],
@@ -70,7 +76,7 @@ def judge_answers(ranked_ids: Sequence[str], ranked_texts: Sequence[str], answer
         raise ValueError(f"got {len(ranked_ids)} ids but {len(ranked_texts)} texts; give one text per id")
     relevant = [contains_answer(text, answers) for text in ranked_texts]
     found = {passage_id for passage_id, hit in zip(ranked_ids, relevant, strict=True) if hit}
-    return Judgement(relevant=tuple(relevant), n_relevant=len(found | set(known_answer_ids)))
+    return Judgement(relevant=tuple(relevant), n_relevant=len(found | set(known_answer_ids)), mode="answer")
 
 
 def _top(judgement: Judgement, k: int) -> np.ndarray:
@@ -115,6 +121,22 @@ def mrr_at_k(judgement: Judgement, k: int = 10) -> float:
     return 1.0 / (hits[0] + 1) if len(hits) else 0.0
 
 
+def recall(judgement: Judgement, k: int) -> float:
+    """recall@k as the judgement's mode defines it (fraction of supporting passages, or a hit)."""
+    return recall_at_k(judgement, k) if judgement.mode == "supporting" else hit_at_k(judgement, k)
+
+
+def complete(judgement: Judgement, k: int) -> float:
+    """complete@k: all supporting passages found (supporting mode), or a hit (answer mode)."""
+    return complete_at_k(judgement, k) if judgement.mode == "supporting" else hit_at_k(judgement, k)
+
+
+def summary_mode(judgements: Sequence[Judgement]) -> str:
+    """"supporting", "answer", or "mixed" when a dataset has both kinds of question."""
+    modes = {judgement.mode for judgement in judgements}
+    return modes.pop() if len(modes) == 1 else ("mixed" if modes else "supporting")
+
+
 @dataclass(frozen=True)
 class RetrievalScores:
     """``means``: metric -> mean in [0, 100]; ``per_example``: metric -> values in [0, 1]."""
@@ -124,26 +146,25 @@ class RetrievalScores:
     per_example: dict[str, np.ndarray]
 
 
-def score_retrieval(judgements: Sequence[Judgement], mode: str, ks: Sequence[int] = DEFAULT_KS,
-                    ndcg_k: int = 10, mrr_k: int = 10) -> RetrievalScores:
-    """All metrics of the module docstring over many questions (keys ``recall@K``, ``ndcg@10``, ...)."""
-    check_mode(mode)
+def score_retrieval(judgements: Sequence[Judgement], ks: Sequence[int] = DEFAULT_KS, ndcg_k: int = 10,
+                    mrr_k: int = 10) -> RetrievalScores:
+    """All metrics of the module docstring (keys ``recall@K``, ``complete@K``, ``ndcg@10``, ``mrr@10``)."""
+    def column(metric, k):
+        return np.array([metric(judgement, k) for judgement in judgements], dtype=np.float64)
+
     per_example: dict[str, np.ndarray] = {}
     for k in ks:
-        recall = recall_at_k if mode == "supporting" else hit_at_k
-        per_example[f"recall@{k}"] = np.array([recall(j, k) for j in judgements], dtype=np.float64)
-        if mode == "supporting":
-            per_example[f"complete@{k}"] = np.array([complete_at_k(j, k) for j in judgements], dtype=np.float64)
-    per_example[f"ndcg@{ndcg_k}"] = np.array([ndcg_at_k(j, ndcg_k) for j in judgements], dtype=np.float64)
-    per_example[f"mrr@{mrr_k}"] = np.array([mrr_at_k(j, mrr_k) for j in judgements], dtype=np.float64)
+        per_example[f"recall@{k}"] = column(recall, k)
+    for k in ks:
+        per_example[f"complete@{k}"] = column(complete, k)
+    per_example[f"ndcg@{ndcg_k}"] = column(ndcg_at_k, ndcg_k)
+    per_example[f"mrr@{mrr_k}"] = column(mrr_at_k, mrr_k)
     means = {name: 100.0 * float(values.mean()) if len(values) else 0.0 for name, values in per_example.items()}
-    return RetrievalScores(mode=mode, means=means, per_example=per_example)
+    return RetrievalScores(mode=summary_mode(judgements), means=means, per_example=per_example)
 
 
-def recall_curve(judgements: Sequence[Judgement], mode: str, max_k: int = 20) -> list[float]:
+def recall_curve(judgements: Sequence[Judgement], max_k: int = 20) -> list[float]:
     """Mean recall@k for k = 1..max_k, in [0, 100] (the same recall as ``score_retrieval``)."""
-    check_mode(mode)
-    recall = recall_at_k if mode == "supporting" else hit_at_k
     if not judgements:
         return [0.0] * max_k
     return [100.0 * float(np.mean([recall(j, k) for j in judgements])) for k in range(1, max_k + 1)]

@@ -156,31 +156,38 @@ def test_judge_answers_counts_known_answer_passages():
                               known_answer_ids=["p2", "p7"])
     assert judgement.relevant == (False, True, True)
     assert judgement.n_relevant == 3  # p2, p3 found + p7 known
+    assert judgement.mode == "answer"
     with pytest.raises(ValueError, match="one text per id"):
         judge_answers(["p1"], [], ["x"])
 
 
-def test_score_retrieval_modes():
-    judgements = [Judgement((True, False, False), 2), Judgement((False, False, True), 1)]
-    supporting = score_retrieval(judgements, "supporting", ks=(1, 3))
-    assert supporting.means["recall@1"] == pytest.approx(25.0)          # (1/2 + 0) / 2
-    assert supporting.means["recall@3"] == pytest.approx(75.0)          # (1/2 + 1) / 2
-    assert supporting.means["complete@3"] == pytest.approx(50.0)
-    assert supporting.means["mrr@10"] == pytest.approx(100 * (1 + 1 / 3) / 2)
-    assert supporting.per_example["recall@3"].tolist() == [0.5, 1.0]
-    answer = score_retrieval(judgements, "answer", ks=(1, 3))
-    assert answer.means["recall@1"] == pytest.approx(50.0)              # a hit on the first question
-    assert answer.means["recall@3"] == pytest.approx(100.0)
-    assert "complete@3" not in answer.means
-    assert all(0.0 <= value <= 100.0 for value in supporting.means.values())
+def test_score_retrieval_per_question_modes():
+    supporting = [Judgement((True, False, False), 2), Judgement((False, False, True), 1)]
+    scores = score_retrieval(supporting, ks=(1, 3))
+    assert scores.mode == "supporting"
+    assert scores.means["recall@1"] == pytest.approx(25.0)          # (1/2 + 0) / 2
+    assert scores.means["recall@3"] == pytest.approx(75.0)          # (1/2 + 1) / 2
+    assert scores.means["complete@3"] == pytest.approx(50.0)
+    assert scores.means["mrr@10"] == pytest.approx(100 * (1 + 1 / 3) / 2)
+    assert scores.per_example["recall@3"].tolist() == [0.5, 1.0]
+    assert all(0.0 <= value <= 100.0 for value in scores.means.values())
+    answer = [Judgement(j.relevant, j.n_relevant, mode="answer") for j in supporting]
+    answer_scores = score_retrieval(answer, ks=(1, 3))
+    assert answer_scores.mode == "answer"
+    assert answer_scores.means["recall@1"] == pytest.approx(50.0)   # a hit on the first question
+    assert answer_scores.means["recall@3"] == pytest.approx(100.0)
+    assert answer_scores.means["complete@3"] == pytest.approx(100.0)
+    mixed = score_retrieval([supporting[0], answer[1]], ks=(3,))
+    assert mixed.mode == "mixed"
+    assert mixed.per_example["recall@3"].tolist() == [0.5, 1.0]
     with pytest.raises(ValueError, match="valid modes are"):
-        score_retrieval(judgements, "gold")
+        Judgement((True,), 1, mode="gold")
 
 
 def test_recall_curve_is_monotone_and_matches_scores():
     judgements = [Judgement(tuple(np.arange(20) == rank), 1) for rank in (0, 3, 12, 19)]
-    curve = recall_curve(judgements, "supporting", max_k=20)
+    curve = recall_curve(judgements, max_k=20)
     assert len(curve) == 20
     assert all(a <= b for a, b in zip(curve, curve[1:], strict=False))
     assert curve[0] == pytest.approx(25.0) and curve[4] == pytest.approx(50.0) and curve[19] == pytest.approx(100.0)
-    assert curve[4] == pytest.approx(score_retrieval(judgements, "supporting", ks=(5,)).means["recall@5"])
+    assert curve[4] == pytest.approx(score_retrieval(judgements, ks=(5,)).means["recall@5"])
