@@ -7,9 +7,10 @@ dataset loader uses ``supporting`` wherever a question names gold passages):
 * ``supporting`` (the data names gold passages: HotpotQA, MuSiQue, NQ oracle): a passage is relevant
   if its id is one of the question's supporting ids; ``n_relevant`` = number of supporting ids.
 * ``answer`` (only answers are known: TriviaQA, NQ test, 2Wiki): a passage is relevant if a gold
-  alias occurs in it (``contains_answer``, SQuAD-normalized token match, as ``has_answer`` in the
-  shared data); ``n_relevant`` = size of the union of the answer-bearing passages known beforehand
-  (the question's own answer-bearing contexts) and those found in the ranked list.
+  alias occurs in its title or text (``contains_answer`` on ``title + "\n" + text``, a SQuAD-normalized
+  token match; this reproduces the ``has_answer`` flags of the shared TriviaQA data exactly);
+  ``n_relevant`` = size of the union of the answer-bearing passages known beforehand (the question's
+  own answer-bearing contexts) and those found in the ranked list.
 
 Metrics of one question, each in [0, 1] (``score_retrieval`` reports their means in [0, 100]):
 
@@ -71,7 +72,7 @@ def judge_supporting(ranked_ids: Sequence[str], supporting_ids: Iterable[str]) -
 
 def judge_answers(ranked_ids: Sequence[str], ranked_texts: Sequence[str], answers: Sequence[str],
                   known_answer_ids: Iterable[str] = ()) -> Judgement:
-    """Relevant = a gold alias occurs in the passage text (see ``contains_answer``)."""
+    """Relevant = a gold alias occurs in the passage (give ``Passage.content``: title and text)."""
     if len(ranked_ids) != len(ranked_texts):
         raise ValueError(f"got {len(ranked_ids)} ids but {len(ranked_texts)} texts; give one text per id")
     relevant = [contains_answer(text, answers) for text in ranked_texts]
