@@ -1,0 +1,40 @@
+"""The packaged all-MiniLM-L6-v2, trained for a few real steps under every strategy."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rag_mag.config import TrainConfig
+from rag_mag.encoder import MagnitudeEncoder
+from rag_mag.models import REPO_ROOT
+from rag_mag.strategies import Strategy
+from rag_mag.trainer import Trainer
+
+pytestmark = pytest.mark.integration
+SAMPLE_TRIPLES = REPO_ROOT / "data" / "sample" / "train_triples.jsonl"
+PROBES = ["who founded the rock group Nochnye Snaipery?", "capital of France"]
+
+
+@pytest.mark.parametrize("strategy", [s.value for s in Strategy])
+def test_minilm_trains_under_every_strategy(tmp_path, strategy):
+    config = TrainConfig(strategy=strategy, train_data=str(SAMPLE_TRIPLES), out=str(tmp_path / "run"), steps=4,
+                         batch_size=8, learning_rate=5e-5, eval_every=4, log_every=1, val_max_queries=24,
+                         calibration_samples=32, bf16=True)
+    result = Trainer(config).train()
+    records = [r for r in result.history if "loss" in r]
+    assert len(records) == 4 and all(np.isfinite(r["loss"]) for r in records)
+    saved = json.loads((result.best_dir / "rag_mag.json").read_text())
+    assert saved["strategy"] == strategy and saved["base_model"].endswith("model")
+    trained = MagnitudeEncoder.load(tmp_path / "run")  # a training folder resolves to best/
+    base = MagnitudeEncoder.build(strategy=strategy)
+    assert not np.allclose(trained.encode(PROBES, "query", treated=False), base.encode(PROBES, "query", treated=False))
+    query_degree, document_degree = trained.degrees.as_floats()
+    if strategy == "learnable":
+        assert (query_degree, document_degree) != pytest.approx((0.5, 0.5), abs=1e-5)
+    else:
+        assert (query_degree, document_degree) == tuple(float(g) for g in {
+            "cosine": (1, 1), "dot": (0, 0), "qnorm": (1, 0), "dnorm": (0, 1)}[strategy])
+    if query_degree < 1:  # a raw query side is scaled by its measured initial mean norm (about 4.7 for MiniLM)
+        assert 2.0 < saved["query_norm_scale"] < 10.0
+    assert 0.0 <= result.best_metrics["ndcg@10"] <= 100.0
