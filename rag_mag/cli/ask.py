@@ -1,0 +1,94 @@
+"""``rag-mag ask``: answer one question with a RAG pipeline and show why each source ranked where it did."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rag_mag.errors import ConfigError
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from rag_mag.models import default_retriever_dir
+    from rag_mag.pipelines import default_index_dir, default_pipeline
+
+    parser = subparsers.add_parser(
+        "ask", help="answer a question from the index (runs pipelines/rag.yaml)",
+        description="Retrieve passages for a question, answer with the LLM served by vLLM, and print the answer "
+                    "with its ranked sources: score = cosine x query norm x document norm.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("question", help="the question, in quotes")
+    parser.add_argument("--index", default=str(default_index_dir()), help="index folder (from `rag-mag index`)")
+    parser.add_argument("--retriever", default=str(default_retriever_dir()),
+                        help="retriever checkpoint the index was built with")
+    parser.add_argument("--pipeline", default=str(default_pipeline("rag")),
+                        help="RAG pipeline YAML (e.g. pipelines/rag_multihop.yaml)")
+    parser.add_argument("--top-k", type=int, default=None, help="passages retrieved (default: the pipeline's)")
+    parser.add_argument("--llm-url", default=None, help="vLLM server base URL (default: the pipeline's, or "
+                        "$RAG_MAG_VLLM_URL)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
+                        help="extra override of a component parameter (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the answer and sources as JSON")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from rag_mag.pipelines import load_pipeline, named_outputs, parse_overrides, question_inputs, run_pipeline
+
+    question = args.question.strip()
+    if not question:
+        raise ConfigError("the question is empty; ask a question, e.g. rag-mag ask \"Who wrote Hamlet?\"")
+    if args.top_k is not None and args.top_k < 1:
+        raise ConfigError(f"--top-k must be at least 1, got {args.top_k}")
+    overrides: dict[str, Any] = {"index": args.index, "retriever": args.retriever}
+    if args.top_k is not None:
+        overrides["top_k"] = args.top_k
+    if args.llm_url:
+        overrides["llm_url"] = args.llm_url
+    overrides.update(parse_overrides(args.overrides))
+    pipeline = load_pipeline(args.pipeline, overrides, preflight=True)
+    result = run_pipeline(pipeline, question_inputs(pipeline, question))
+    outputs = named_outputs(pipeline, result)
+    answers = outputs.get("answers") or []
+    if not answers:
+        raise ConfigError(f"pipeline {args.pipeline} returned no answer (metadata.rag_mag.outputs.answers must "
+                          "name the AnswerBuilder output)")
+    report = answer_report(question, answers[0], outputs.get("queries"))
+    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
+    return 0
+
+
+def answer_report(question: str, answer, queries: list[str] | None = None) -> dict[str, Any]:
+    """The answer and its sources as plain data (also used by the JSON output)."""
+    sources = []
+    for rank, document in enumerate(answer.documents or [], start=1):
+        meta = document.meta or {}
+        sources.append({
+            "rank": rank, "id": document.id, "title": meta.get("title", ""), "text": document.content,
+            "score": document.score, "cosine": meta.get("cosine"), "query_norm": meta.get("query_norm"),
+            "document_norm": meta.get("document_norm"), "query_raw_norm": meta.get("query_raw_norm"),
+            "document_raw_norm": meta.get("document_raw_norm"), "hop": meta.get("hop"),
+        })
+    return {"question": question, "answer": (answer.data or "").strip(), "queries": queries, "sources": sources}
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    return "?" if value is None else f"{value:.{digits}f}"
+
+
+def format_report(report: dict[str, Any], text_chars: int = 160) -> str:
+    lines = [f"Answer: {report['answer'] or '(empty)'}", ""]
+    if report.get("queries") and len(report["queries"]) > 1:
+        lines += ["Search rounds:"] + [f"  {i}. {q}" for i, q in enumerate(report["queries"], start=1)] + [""]
+    lines.append("Sources (score = cosine x query norm x document norm):")
+    for source in report["sources"]:
+        hop = f" [round {source['hop']}]" if source.get("hop") else ""
+        lines.append(f"  {source['rank']}. {source['title'] or source['id']} ({source['id']}){hop}")
+        lines.append(f"     score {_number(source['score'])} = {_number(source['cosine'])} x "
+                     f"{_number(source['query_norm'])} x {_number(source['document_norm'])}"
+                     f"   (raw norms: query {_number(source['query_raw_norm'], 2)}, "
+                     f"document {_number(source['document_raw_norm'], 2)})")
+        text = " ".join((source["text"] or "").split())
+        lines.append(f"     {text[:text_chars]}{'...' if len(text) > text_chars else ''}")
+    return "\n".join(lines)

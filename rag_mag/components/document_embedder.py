@@ -1,0 +1,112 @@
+"""RagMagDocumentEmbedder: embeds Documents with a trained rag-mag retriever checkpoint."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from haystack import Document, component, default_from_dict, default_to_dict
+
+from rag_mag.components.checkpoints import LoadedCheckpoint, load_checkpoint
+from rag_mag.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+# Meta keys this embedder writes on every Document (the store and the retriever read them).
+RAW_NORM_KEY = "embedding_raw_norm"
+CHECKPOINT_KEY = "embedding_checkpoint"
+STRATEGY_KEY = "embedding_strategy"
+
+
+def document_text(document: Document, title_key: str = "title") -> str:
+    """What the encoder reads for a Document: ``title + "\\n" + content`` (as ``rag_mag.data.Passage.content``)."""
+    title = (document.meta or {}).get(title_key) or ""
+    content = document.content or ""
+    return f"{title}\n{content}" if title else content
+
+
+@component
+class RagMagDocumentEmbedder:
+    """Computes the document-side embedding of each Document under the checkpoint's similarity strategy.
+
+    The embedding stored on the Document is *treated* (normalized for cosine/dnorm, divided by the
+    calibrated norm scale for qnorm/dot, ``x / ||x||**g`` for learnable), so an inner product with a
+    treated query embedding is the strategy's score. The raw pooled norm, the checkpoint fingerprint
+    and the strategy are recorded in ``meta`` (``embedding_raw_norm``, ``embedding_checkpoint``,
+    ``embedding_strategy``); the input Documents are not modified.
+
+    ```python
+    embedder = RagMagDocumentEmbedder(model="artifacts/retriever-default")
+    embedder.warm_up()
+    documents = embedder.run([Document(content="Paris is the capital of France.", meta={"title": "Paris"})])
+    ```
+    """
+
+    def __init__(self, model: str, batch_size: int = 32, progress_bar: bool = True, title_key: str = "title") -> None:
+        """
+        :param model: Path of a rag-mag retriever checkpoint folder (written by `rag-mag train`).
+        :param batch_size: Number of documents encoded at once.
+        :param progress_bar: Show a progress bar while embedding.
+        :param title_key: Meta key of the title that is prepended to the content.
+        """
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"model must be the path of a retriever checkpoint folder, got {model!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.model = model
+        self.batch_size = batch_size
+        self.progress_bar = progress_bar
+        self.title_key = title_key
+        self._checkpoint: LoadedCheckpoint | None = None
+
+    def warm_up(self) -> None:
+        """Load the checkpoint (once; shared with other embedders of the same folder)."""
+        if self._checkpoint is None:
+            self._checkpoint = load_checkpoint(self.model)
+
+    @property
+    def checkpoint(self) -> LoadedCheckpoint:
+        if self._checkpoint is None:
+            raise RuntimeError("RagMagDocumentEmbedder was not warmed up; call warm_up() first")
+        return self._checkpoint
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(self, model=self.model, batch_size=self.batch_size, progress_bar=self.progress_bar,
+                               title_key=self.title_key)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RagMagDocumentEmbedder:
+        return default_from_dict(cls, data)
+
+    @component.output_types(documents=list[Document])
+    def run(self, documents: list[Document]) -> dict[str, list[Document]]:
+        """
+        Embed documents.
+
+        :param documents: Documents to embed; `meta[title_key]` (if any) is read with the content.
+        :returns: `documents`: copies of the input with `embedding` set and the norm and checkpoint in `meta`.
+        """
+        if not isinstance(documents, list) or not all(isinstance(d, Document) for d in documents):
+            raise TypeError("RagMagDocumentEmbedder expects a list of Documents; to embed a string, "
+                            "use RagMagTextEmbedder")
+        self.warm_up()
+        empty = [d.id for d in documents if not (d.content or "").strip()]
+        if empty:
+            raise DataError(f"{len(empty)} document(s) have no text to embed (first id: {empty[0]!r}); "
+                            "remove empty passages from the corpus")
+        encoder = self.checkpoint.encoder
+        texts = [document_text(d, self.title_key) for d in documents]
+        raw = encoder.encode(texts, side="document", batch_size=self.batch_size, treated=False,
+                             show_progress=self.progress_bar)  # (n, dim)
+        treated = encoder.document_treatment().apply(torch.from_numpy(raw)).numpy()  # (n, dim)
+        raw_norms = np.linalg.norm(raw, axis=1)
+        embedded = []
+        for document, vector, raw_norm in zip(documents, treated, raw_norms, strict=True):
+            meta = {**(document.meta or {}), RAW_NORM_KEY: float(raw_norm),
+                    CHECKPOINT_KEY: self.checkpoint.fingerprint, STRATEGY_KEY: self.checkpoint.strategy}
+            embedded.append(replace(document, embedding=vector.astype(np.float32).tolist(), meta=meta))
+        logger.debug("embedded %d documents with %s", len(embedded), self.model)
+        return {"documents": embedded}

@@ -1,0 +1,241 @@
+"""FAISSDocumentStore: Documents with their embeddings in a FAISS inner-product index, saved in a folder.
+
+faiss-haystack only ranks by L2 distance, which cannot serve the dot, qnorm and learnable strategies:
+they need maximum inner-product search over *un-normalized* document vectors. This store always
+searches by inner product. ``index_type="flat"`` (the default) is exact. ``"hnsw"`` and ``"ivf"`` are
+approximate: on un-normalized vectors HNSW lost 7-13% recall@10 in our measurements (PRODUCT.md), so
+measure before using them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from haystack import Document, default_from_dict, default_to_dict
+from haystack.document_stores.errors import DuplicateDocumentError
+from haystack.document_stores.types import DuplicatePolicy
+from haystack.utils.filters import document_matches_filter
+
+from rag_mag.components import faiss_index
+from rag_mag.components.document_embedder import CHECKPOINT_KEY, STRATEGY_KEY
+from rag_mag.errors import CheckpointError, DataError
+
+logger = logging.getLogger(__name__)
+
+
+class FAISSDocumentStore:
+    """A Haystack DocumentStore (write, count, filter, delete) searched by FAISS inner product.
+
+    With ``path`` set, the store reads the index folder on first use and saves it after every
+    ``write_documents`` / ``delete_documents`` (atomically). The checkpoint fingerprint and strategy
+    that the RagMagDocumentEmbedder put in each Document's meta are checked for agreement and kept
+    once in the folder's manifest instead.
+    """
+
+    def __init__(self, path: str | None = None, index_type: str = "flat", recreate: bool = False,
+                 hnsw_m: int = 32, ef_construction: int = 200, ef_search: int = 128, nlist: int = 256,
+                 nprobe: int = 16) -> None:
+        """
+        :param path: Folder the index is read from and saved to; `None` keeps it in memory only.
+        :param index_type: `"flat"` (exact, default), `"hnsw"` or `"ivf"` (approximate, see the module doc).
+        :param recreate: Ignore an index already saved at `path` (it is replaced on the first write).
+        :param hnsw_m: HNSW graph degree. :param ef_construction: HNSW build breadth.
+        :param ef_search: HNSW search breadth. :param nlist: IVF cells. :param nprobe: IVF cells searched.
+        """
+        faiss_index.check_index_type(index_type)
+        for name, value in (("hnsw_m", hnsw_m), ("ef_construction", ef_construction), ("ef_search", ef_search),
+                            ("nlist", nlist), ("nprobe", nprobe)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if index_type != "flat":
+            logger.warning("FAISSDocumentStore index_type=%r is approximate: results can miss the true top-k",
+                           index_type)
+        self.path = path
+        self.index_type = index_type
+        self.recreate = recreate
+        self.hnsw_m = hnsw_m
+        self.ef_construction = ef_construction
+        self.ef_search = ef_search
+        self.nlist = nlist
+        self.nprobe = nprobe
+        self._documents: list[Document] = []  # row order, without embeddings
+        self._embeddings = np.zeros((0, 0), dtype=np.float32)  # (n, dim)
+        self._rows: dict[str, int] = {}
+        self._index = None  # built lazily from _embeddings
+        self._checkpoint: str | None = None
+        self._strategy: str | None = None
+        self._loaded = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(self, path=self.path, index_type=self.index_type, recreate=self.recreate,
+                               hnsw_m=self.hnsw_m, ef_construction=self.ef_construction, ef_search=self.ef_search,
+                               nlist=self.nlist, nprobe=self.nprobe)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FAISSDocumentStore:
+        return default_from_dict(cls, data)
+
+    # ------------------------------------------------------------------ loading and saving
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        if self.path and not self.recreate and faiss_index.is_index_folder(Path(self.path)):
+            self._load(Path(self.path))
+
+    def _load(self, folder: Path) -> None:
+        index, ids, records, manifest = faiss_index.read_folder(folder)
+        if index is not None and manifest["index_type"] != self.index_type:
+            raise CheckpointError(f"index {folder} is a {manifest['index_type']} index but the store is configured "
+                                  f"with index_type={self.index_type!r}; set index_type={manifest['index_type']!r} "
+                                  "or rebuild the index")
+        self._documents = [Document.from_dict(record) for record in records]
+        self._embeddings = faiss_index.reconstruct_all(index) if index is not None else np.zeros((0, 0), np.float32)
+        self._rows = {doc_id: row for row, doc_id in enumerate(ids)}
+        self._index = index
+        self._checkpoint, self._strategy = manifest.get("checkpoint"), manifest.get("strategy")
+        logger.info("loaded %d documents from index %s", len(self._documents), folder)
+
+    def exists(self) -> bool:
+        """Whether an index is saved at ``path``."""
+        return bool(self.path) and faiss_index.is_index_folder(Path(self.path))
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        self._ensure_loaded()
+        return {"format_version": faiss_index.FORMAT_VERSION, "count": len(self._documents),
+                "dim": int(self._embeddings.shape[1]) if self._documents else None, "index_type": self.index_type,
+                "metric": "inner_product", "checkpoint": self._checkpoint, "strategy": self._strategy}
+
+    def save(self, path: str | None = None) -> Path:
+        """Write the index folder atomically (to ``path``, default the store's own)."""
+        target = path or self.path
+        if not target:
+            raise ValueError("FAISSDocumentStore.save needs a path: give one or construct the store with path=...")
+        self._ensure_loaded()
+        records = [document.to_dict(flatten=False) for document in self._documents]
+        faiss_index.write_folder(Path(target), self.faiss_index() if self._documents else None,
+                                 [d.id for d in self._documents], records, self.manifest)
+        logger.info("saved %d documents to index %s", len(self._documents), target)
+        return Path(target)
+
+    # ------------------------------------------------------------------ DocumentStore protocol
+    def count_documents(self) -> int:
+        self._ensure_loaded()
+        return len(self._documents)
+
+    def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
+        self._ensure_loaded()
+        return [replace(self._documents[row], embedding=self._embeddings[row].tolist())
+                for row in range(len(self._documents))
+                if not filters or document_matches_filter(filters, self._documents[row])]
+
+    def write_documents(self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
+        """Add documents (each must carry an embedding); ``NONE`` behaves as ``FAIL``."""
+        self._ensure_loaded()
+        if not isinstance(documents, list) or not all(isinstance(d, Document) for d in documents):
+            raise ValueError("write_documents expects a list of Documents")
+        policy = DuplicatePolicy.FAIL if policy == DuplicatePolicy.NONE else policy
+        checkpoint, strategy = self._provenance(documents)
+        dim = self._embeddings.shape[1] if self._documents else None
+        new_rows: dict[str, tuple[Document, np.ndarray]] = {}
+        for document in documents:
+            if document.embedding is None:
+                raise DataError(f"document {document.id!r} has no embedding; put a RagMagDocumentEmbedder "
+                                "before the writer")
+            vector = np.asarray(document.embedding, dtype=np.float32)
+            dim = dim or vector.shape[0]
+            if vector.ndim != 1 or vector.shape[0] != dim or not np.all(np.isfinite(vector)):
+                raise DataError(f"document {document.id!r} has an embedding of shape {vector.shape} (finite: "
+                                f"{bool(np.all(np.isfinite(vector)))}); expected {dim} finite values")
+            if document.id in self._rows or document.id in new_rows:
+                if policy == DuplicatePolicy.FAIL:
+                    raise DuplicateDocumentError(f"document {document.id!r} is already in the store; use "
+                                                 "policy OVERWRITE or SKIP")
+                if policy == DuplicatePolicy.SKIP:
+                    continue
+            meta = {k: v for k, v in (document.meta or {}).items() if k not in (CHECKPOINT_KEY, STRATEGY_KEY)}
+            new_rows[document.id] = (replace(document, embedding=None, meta=meta), vector)
+        if documents:
+            self._checkpoint, self._strategy = checkpoint, strategy
+        self._apply(new_rows, deleted=set())
+        return len(new_rows)
+
+    def delete_documents(self, document_ids: list[str]) -> None:
+        self._ensure_loaded()
+        self._apply({}, deleted={doc_id for doc_id in document_ids if doc_id in self._rows})
+
+    # ------------------------------------------------------------------ search
+    def faiss_index(self):
+        """The FAISS index over the stored embeddings (built on first use after a change)."""
+        self._ensure_loaded()
+        if self._index is None:
+            self._index = faiss_index.build_index(self._embeddings, self.index_type, self.hnsw_m,
+                                                  self.ef_construction, self.nlist)
+        faiss_index.configure_search(self._index, self.ef_search, self.nprobe)
+        return self._index
+
+    def search(self, query_embeddings: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Inner-product search: scores (m, k) and rows (m, k), best first; k = min(top_k, count)."""
+        self._ensure_loaded()
+        queries = np.ascontiguousarray(query_embeddings, dtype=np.float32)
+        if not self._documents:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        if queries.ndim != 2 or queries.shape[1] != self._embeddings.shape[1]:
+            raise DataError(f"query embeddings have shape {queries.shape}, the index holds vectors of dimension "
+                            f"{self._embeddings.shape[1]}; embed queries with the checkpoint the index was built with")
+        scores, rows = self.faiss_index().search(queries, min(top_k, len(self._documents)))
+        return scores, rows
+
+    def document_at(self, row: int) -> Document:
+        return self._documents[row]
+
+    def embedding_at(self, row: int) -> np.ndarray:
+        return self._embeddings[row]
+
+    # ------------------------------------------------------------------ internals
+    def _provenance(self, documents: list[Document]) -> tuple[str | None, str | None]:
+        """The one checkpoint fingerprint and strategy that all documents (new and stored) share."""
+        found = []
+        for key, current in ((CHECKPOINT_KEY, self._checkpoint), (STRATEGY_KEY, self._strategy)):
+            seen = {(d.meta or {}).get(key) for d in documents}
+            if self._documents:
+                seen.add(current)
+            if len(seen) > 1:
+                raise CheckpointError(f"documents embedded with different retriever checkpoints or strategies "
+                                      f"({key}: {sorted(map(str, seen))}) cannot share one index; re-embed them all "
+                                      "with one checkpoint, or write to a new index (recreate=True)")
+            found.append(seen.pop() if seen else current)
+        return found[0], found[1]
+
+    def _apply(self, written: dict[str, tuple[Document, np.ndarray]], deleted: set[str]) -> None:
+        if not written and not deleted:
+            return
+        appended = [doc_id for doc_id in written if doc_id not in self._rows]
+        if written and not self._documents:
+            self._embeddings = np.zeros((0, len(next(iter(written.values()))[1])), np.float32)
+        for doc_id, (document, vector) in written.items():
+            if doc_id in self._rows:  # overwrite in place
+                self._documents[self._rows[doc_id]] = document
+                self._embeddings[self._rows[doc_id]] = vector
+        new_vectors = np.stack([written[doc_id][1] for doc_id in appended]) if appended else None
+        if new_vectors is not None:
+            self._documents.extend(written[doc_id][0] for doc_id in appended)
+            self._embeddings = np.concatenate([self._embeddings, new_vectors])
+        if deleted:
+            keep = [row for row, document in enumerate(self._documents) if document.id not in deleted]
+            self._documents = [self._documents[row] for row in keep]
+            self._embeddings = self._embeddings[keep]
+        self._rows = {document.id: row for row, document in enumerate(self._documents)}
+        if self._index is not None and not deleted and len(appended) == len(written) and self.index_type != "ivf":
+            self._index.add(new_vectors)  # pure append: extend the index instead of rebuilding it
+        else:
+            self._index = None
+        if not self._documents:
+            self._checkpoint = self._strategy = None
+        if self.path:
+            self.save()

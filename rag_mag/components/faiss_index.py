@@ -1,0 +1,178 @@
+"""FAISS inner-product indexes and the folder they are saved in (used by FAISSDocumentStore).
+
+An index folder holds four files, written together into a temporary folder that then replaces the
+target in one rename (so a crash never leaves half an index):
+
+* ``index.faiss``: the FAISS index (inner product; absent when the store is empty);
+* ``ids.json``: the id map, ``ids[row]`` is the Document id of FAISS row ``row``;
+* ``documents.jsonl``: the Documents without embeddings, one JSON object per line, in row order;
+* ``manifest.json``: count, dim, index type, metric, checkpoint fingerprint and strategy.
+
+Reading checks that all four agree and raises ``CheckpointError`` naming the file otherwise.
+Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_mag.encoder import replace_dir
+from rag_mag.errors import CheckpointError, ConfigError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+INDEX_FILE = "index.faiss"
+IDS_FILE = "ids.json"
+DOCUMENTS_FILE = "documents.jsonl"
+INDEX_TYPES = ("flat", "hnsw", "ivf")
+
+
+def _faiss():
+    # faiss logs at INFO which CPU build it loaded and that the AVX2 one is missing: noise for users.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    try:
+        import faiss
+    except ImportError:
+        raise ConfigError("faiss is not installed; run `pip install faiss-cpu`") from None
+    return faiss
+
+
+def check_index_type(index_type: str) -> str:
+    if index_type not in INDEX_TYPES:
+        raise ValueError(f"unknown index_type {index_type!r}; valid index types are: {', '.join(INDEX_TYPES)} "
+                         "(flat is exact, hnsw and ivf are approximate)")
+    return index_type
+
+
+def build_index(embeddings: np.ndarray, index_type: str, hnsw_m: int, ef_construction: int, nlist: int):
+    """A FAISS inner-product index over ``embeddings`` (n, dim), rows numbered 0..n-1."""
+    faiss = _faiss()
+    count, dim = embeddings.shape
+    if index_type == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif index_type == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = ef_construction
+    elif index_type == "ivf":
+        if count < nlist:
+            raise ConfigError(f"an ivf index with nlist={nlist} needs at least {nlist} documents, got {count}; "
+                              "lower nlist or use index_type='flat'")
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.train(embeddings)
+        index.make_direct_map()
+    else:
+        check_index_type(index_type)
+    if count:
+        index.add(embeddings)
+    return index
+
+
+def index_type_of(index) -> str:
+    faiss = _faiss()
+    if isinstance(index, faiss.IndexHNSWFlat):
+        return "hnsw"
+    if isinstance(index, faiss.IndexIVFFlat):
+        return "ivf"
+    if isinstance(index, faiss.IndexFlat):
+        return "flat"
+    return type(index).__name__
+
+
+def configure_search(index, ef_search: int, nprobe: int) -> None:
+    faiss = _faiss()
+    if isinstance(index, faiss.IndexHNSWFlat):
+        index.hnsw.efSearch = ef_search
+    elif isinstance(index, faiss.IndexIVFFlat):
+        index.nprobe = nprobe
+
+
+def reconstruct_all(index) -> np.ndarray:
+    """The vectors held by an index, in row order: (ntotal, dim) float32."""
+    faiss = _faiss()
+    if isinstance(index, faiss.IndexIVFFlat):
+        index.make_direct_map()
+    return index.reconstruct_n(0, index.ntotal).astype(np.float32, copy=False)
+
+
+def is_index_folder(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file()
+
+
+def write_folder(target: Path, index, ids: list[str], documents: list[dict[str, Any]],
+                 manifest: dict[str, Any]) -> None:
+    """Write the four files into a staging folder, then swap it into ``target``."""
+    if target.exists() and not (target.is_dir() and (is_index_folder(target) or not any(target.iterdir()))):
+        raise CheckpointError(f"{target} exists and is not a rag-mag index folder; refusing to overwrite it. "
+                              "Choose an empty or new folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        if index is not None:
+            _faiss().write_index(index, str(staging / INDEX_FILE))
+        (staging / IDS_FILE).write_text(json.dumps(ids))
+        with open(staging / DOCUMENTS_FILE, "w", encoding="utf-8") as handle:
+            for record in documents:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        replace_dir(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_folder(folder: Path) -> tuple[Any, list[str], list[dict[str, Any]], dict[str, Any]]:
+    """Read and cross-check an index folder: ``(index or None, ids, document records, manifest)``."""
+    fix = f"rebuild it with `rag-mag index ... --out {folder}`"
+    manifest_file = folder / MANIFEST
+    try:
+        manifest = json.loads(manifest_file.read_text())
+        count, dim = int(manifest["count"]), manifest["dim"]
+        version = manifest["format_version"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"corrupt index manifest {manifest_file}: {error!r}; {fix}") from None
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"index {folder} has format version {version}, this rag-mag reads "
+                              f"{FORMAT_VERSION}; {fix}")
+    try:
+        ids = json.loads((folder / IDS_FILE).read_text())
+        with open(folder / DOCUMENTS_FILE, encoding="utf-8") as handle:
+            documents = [json.loads(line) for line in handle if line.strip()]
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"corrupt index folder {folder}: {error}; {fix}") from None
+    index = None
+    if count:
+        index_file = folder / INDEX_FILE
+        if not index_file.is_file():
+            raise CheckpointError(f"index file {index_file} is missing; {fix}")
+        try:
+            index = _faiss().read_index(str(index_file))
+        except RuntimeError as error:
+            raise CheckpointError(f"corrupt FAISS index {index_file}: {str(error).splitlines()[0]}; {fix}") from None
+    problems = []
+    if not isinstance(ids, list) or len(ids) != count:
+        problems.append(f"{IDS_FILE} holds {len(ids) if isinstance(ids, list) else 'no list of'} ids")
+    if len(documents) != count:
+        problems.append(f"{DOCUMENTS_FILE} holds {len(documents)} documents")
+    if index is not None:
+        if index.ntotal != count:
+            problems.append(f"{INDEX_FILE} holds {index.ntotal} vectors")
+        if index.d != dim:
+            problems.append(f"{INDEX_FILE} has dimension {index.d} but the manifest says {dim}")
+        if index.metric_type != _faiss().METRIC_INNER_PRODUCT:
+            problems.append(f"{INDEX_FILE} does not use inner product")
+        if index_type_of(index) != manifest.get("index_type"):
+            problems.append(f"{INDEX_FILE} is a {index_type_of(index)} index, the manifest says "
+                            f"{manifest.get('index_type')}")
+    if not problems and [record.get("id") for record in documents] != ids:
+        problems.append(f"the ids of {DOCUMENTS_FILE} are not those of {IDS_FILE} in the same order")
+    if problems:
+        raise CheckpointError(f"index folder {folder} is inconsistent: the manifest says {count} documents, but "
+                              f"{'; '.join(problems)}; {fix}")
+    return index, ids, documents, manifest
+
