@@ -91,6 +91,17 @@ def norm_statistics(query_embeddings: np.ndarray, document_embeddings: np.ndarra
     )
 
 
+def norm_diagnostics(query_embeddings: np.ndarray, document_embeddings: np.ndarray,
+                     relevant: Sequence[bool] | np.ndarray) -> dict:
+    """The per-(dataset, system) diagnostics block of a result row, with the keys the report reads.
+
+    Raw (untreated) query embeddings of the eval questions, raw document embeddings of the corpus and
+    one relevance label per document (``EvalDataset.relevant_passage_mask()``).
+    """
+    statistics = norm_statistics(query_embeddings, document_embeddings)
+    return {"document_norm_cohens_d": document_norm_effect(document_embeddings, relevant), **statistics.to_dict()}
+
+
 @dataclass(frozen=True)
 class SideSelection:
     """The delta-CV selector's reading of one base model on one sample of queries and documents."""

@@ -537,7 +537,12 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
         lines += ["Every system ran with one training seed: the intervals cover question sampling only, not "
                   "training variance.", ""]
 
-    lines += ["## Diagnostics", ""]
+    lines += ["## Diagnostics", "",
+              "Cohen's d compares the raw document norms of relevant and irrelevant corpus passages (positive: "
+              "relevant passages are longer); CV is the coefficient of variation of the raw norms. The delta-CV "
+              "selector keeps the magnitude of the side whose base-model norms vary more; the Fisher predictor "
+              "picks the one-sided strategy whose InfoNCE Fisher is better conditioned at the start of training "
+              "(rag_mag/diagnostics.py documents both).", ""]
     diag_rows = [[cell.dataset, cell.system, _number(_finite(cell.diagnostics.get("document_norm_cohens_d")), 2),
                   _number(_finite(cell.diagnostics.get("query_norm_cv")), 3),
                   _number(_finite(cell.diagnostics.get("document_norm_cv")), 3)]
@@ -563,7 +568,12 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
         lines += _table(["dataset", "delta-CV selector", "Fisher predictor", "winner nDCG@10", "winner EM"],
                         predictor_rows)
 
-    lines += ["## Plots", ""] + [f"![{path.stem}]({path.name})" for path in plots] + [""]
+    captions = {"em_f1": "EM and F1 per strategy and dataset, 95% CI bars",
+                "document_norms": "raw document norms, relevant against irrelevant passages",
+                "recall_at_k": "recall@k curves"}
+    lines += ["## Plots", ""]
+    for path in plots:
+        lines += [f"{captions.get(path.stem, path.stem)}:", "", f"![{path.stem}]({path.name})", ""]
     lines += ["## Setup", "", "### Configuration", "", "```json", json.dumps(_json_safe(config), indent=2), "```", ""]
     machine = environment.get("machine", {})
     lines += ["### Machine", ""] + [f"- {key}: {value}" for key, value in machine.items()] + [""]

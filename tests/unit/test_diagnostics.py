@@ -14,6 +14,7 @@ from rag_mag.diagnostics import (
     document_norm_effect,
     embedding_norms,
     fisher_spectrum,
+    norm_diagnostics,
     norm_statistics,
     predict_side_by_fisher,
     select_side_by_cv,
@@ -58,6 +59,15 @@ def test_norm_statistics():
     assert stats.query_norm_cv == pytest.approx(0.2)
     assert stats.document_norm_cv == pytest.approx(0.0)
     assert set(stats.to_dict()) == {"query_norm_mean", "query_norm_cv", "document_norm_mean", "document_norm_cv"}
+
+
+def test_norm_diagnostics_has_the_report_keys():
+    documents = _with_norms([3.0, 3.2, 1.0, 1.1, 0.9])
+    block = norm_diagnostics(_with_norms([4.0, 5.0, 6.0]), documents, [True, True, False, False, False])
+    assert block["document_norm_cohens_d"] > 5
+    assert block["query_norm_cv"] == pytest.approx(0.2)
+    assert set(block) == {"document_norm_cohens_d", "query_norm_mean", "query_norm_cv", "document_norm_mean",
+                          "document_norm_cv"}
 
 
 def test_delta_cv_selector_keeps_the_more_varied_side():
