@@ -1,0 +1,40 @@
+"""Fixtures of the integration tier: the real vLLM server, started once per test session."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from rag_mag import llm_server
+
+logger = logging.getLogger(__name__)
+
+TEST_URL_ENV = "RAG_MAG_TEST_VLLM_URL"
+START_TIMEOUT_S = 900.0  # ~80 s alone on 2 cores; much more while other work competes for them
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[str]:
+    """Base URL (``http://127.0.0.1:PORT/v1``) of a real vLLM server serving SmolLM2 as
+    ``llm_server.DEFAULT_SERVED_MODEL_NAME``.
+
+    With ``$RAG_MAG_TEST_VLLM_URL`` set, that running server is used (and left running). Otherwise the
+    packaged GGUF is converted if needed, a server is started on a free port, and stopped after the session.
+    """
+    given = os.environ.get(TEST_URL_ENV)
+    if given:
+        url = llm_server.normalize_api_base_url(given)
+        llm_server.check_server(url, model=llm_server.DEFAULT_SERVED_MODEL_NAME, timeout=10.0)
+        yield url
+        return
+    llm_server.convert_gguf()
+    port = llm_server.find_free_port()
+    record = llm_server.start_server(port=port, timeout=START_TIMEOUT_S)
+    logger.info("test vLLM server ready at %s (log %s)", record.api_base_url, record.log_path)
+    try:
+        yield record.api_base_url
+    finally:
+        llm_server.stop_server(port)

@@ -1,0 +1,126 @@
+"""The real generator: SmolLM2 converted from GGUF, served by vLLM, reached through VLLMChatGenerator."""
+
+from __future__ import annotations
+
+import pytest
+from haystack import Pipeline
+from haystack.dataclasses import ChatMessage
+from haystack_integrations.components.generators.vllm import VLLMChatGenerator
+
+from rag_mag import llm_server
+from rag_mag.errors import ConfigError
+from rag_mag.models import default_llm_dir, packaged_smollm2_gguf
+
+pytestmark = pytest.mark.integration
+
+MODEL = llm_server.DEFAULT_SERVED_MODEL_NAME
+PASSAGES = ("Paris is the capital and most populous city of France, on the Seine.",
+            "Berlin is the capital of Germany.")
+
+# What a pipeline YAML holds to generate with the rag-mag server (see the report of issue 3).
+RAG_YAML = """
+components:
+  prompt_builder:
+    type: haystack.components.builders.chat_prompt_builder.ChatPromptBuilder
+    init_parameters:
+      required_variables: [question, passages]
+      template: |
+        {% message role="system" %}
+        You answer questions briefly from these passages. Reply with the answer only, in a few words.
+        {% endmessage %}
+        {% message role="user" %}
+        Passages:
+        {%- for passage in passages %}
+        [{{ loop.index }}] {{ passage }}
+        {%- endfor %}
+
+        Question: {{ question }}
+        Answer:
+        {% endmessage %}
+  llm:
+    type: haystack_integrations.components.generators.vllm.chat.chat_generator.VLLMChatGenerator
+    init_parameters:
+      model: smollm2-135m-instruct
+      api_base_url: URL
+      generation_kwargs: {max_tokens: 32, temperature: 0.0}
+      timeout: 120.0
+      max_retries: 0
+connections:
+  - sender: prompt_builder.prompt
+    receiver: llm.messages
+"""
+
+
+def rag_messages(question: str) -> list[ChatMessage]:
+    passages = "\n".join(f"[{number}] {text}" for number, text in enumerate(PASSAGES, start=1))
+    return [ChatMessage.from_system("You answer questions briefly from these passages. Reply with the answer only."),
+            ChatMessage.from_user(f"Passages:\n{passages}\n\nQuestion: {question}\nAnswer:")]
+
+
+def generator(url: str, **generation_kwargs: object) -> VLLMChatGenerator:
+    return VLLMChatGenerator(model=MODEL, api_base_url=url, timeout=120.0, max_retries=0,
+                             generation_kwargs={"max_tokens": 32, "temperature": 0.0, **generation_kwargs})
+
+
+def test_converted_model_computes_what_the_gguf_computes() -> None:
+    """The safetensors folder holds the GGUF's weights: same next-token logits (up to bfloat16 rounding)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = llm_server.convert_gguf()
+    assert folder == default_llm_dir() and llm_server.is_converted(folder)
+    assert llm_server.convert_gguf() == folder  # idempotent: the second call keeps the folder
+    gguf = packaged_smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert "<|im_start|>" in tokenizer.chat_template
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert not hasattr(converted.config, "quantization_config")
+    with torch.inference_mode():
+        expected = reference(**prompt).logits[0, -1]
+        actual = converted(**prompt).logits[0, -1]
+    assert actual.argmax() == expected.argmax()
+    assert torch.corrcoef(torch.stack([actual, expected]))[0, 1] > 0.999
+    assert (actual - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+def test_answers_an_easy_question_from_the_passages(vllm_server: str) -> None:
+    reply = generator(vllm_server).run(messages=rag_messages("What is the capital of France?"))["replies"][0]
+    assert "paris" in reply.text.lower()
+    assert reply.meta["model"] == MODEL
+    assert 0 < reply.meta["usage"]["completion_tokens"] <= 32
+
+
+def test_generation_kwargs_reach_the_server(vllm_server: str) -> None:
+    messages = rag_messages("Describe both cities in detail.")
+    short = generator(vllm_server, max_tokens=3).run(messages=messages)["replies"][0]
+    assert short.meta["usage"]["completion_tokens"] == 3
+    assert short.meta["finish_reason"] == "length"
+    # Greedy decoding is repeatable.
+    first = generator(vllm_server).run(messages=messages)["replies"][0].text
+    assert generator(vllm_server).run(messages=messages)["replies"][0].text == first
+
+
+def test_yaml_pipeline_passes_the_pre_flight_and_answers(vllm_server: str) -> None:
+    pipeline = Pipeline.loads(RAG_YAML.replace("URL", vllm_server))
+    assert llm_server.check_pipeline_servers(pipeline) == {vllm_server: [MODEL]}
+    result = pipeline.run({"prompt_builder": {"question": "What is the capital of France?", "passages": PASSAGES}})
+    assert "paris" in result["llm"]["replies"][0].text.lower()
+    assert Pipeline.loads(pipeline.dumps()).dumps() == pipeline.dumps()  # round-trips
+
+
+def test_pre_flight_against_the_real_server(vllm_server: str) -> None:
+    assert llm_server.check_server(vllm_server, model=MODEL) == [MODEL]
+    with pytest.raises(ConfigError, match=f"serves \\['{MODEL}'\\], not 'gpt-4'"):
+        llm_server.check_server(vllm_server, model="gpt-4")
+
+
+def test_status_sees_the_server_it_started(vllm_server: str) -> None:
+    port = llm_server.parse_api_base_url(vllm_server).port
+    record = llm_server.server_status(port)
+    if record is None:
+        pytest.skip("the server was given by RAG_MAG_TEST_VLLM_URL, not started by this session")
+    assert record.api_base_url == vllm_server and record.served_model_name == MODEL
+    assert llm_server.is_vllm_process(record.pid)
