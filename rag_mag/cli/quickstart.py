@@ -1,0 +1,112 @@
+"""``rag-mag quickstart``: the whole loop on the bundled sample, from nothing to an answer.
+
+1. train the default retrievers on ``data/sample/train_triples.jsonl`` (once; qnorm is the default,
+   cosine is trained beside it so the demo can compare the two);
+2. index ``data/sample/corpus.jsonl`` with each of them (once);
+3. start the vLLM server if it is not running (and stop it again afterwards unless --keep-server);
+4. answer a sample question with ``pipelines/rag.yaml`` and print the ranked sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from rag_mag.models import REPO_ROOT, artifacts_dir
+
+logger = logging.getLogger(__name__)
+
+SAMPLE = REPO_ROOT / "data" / "sample"
+DEFAULT_QUESTION = "Hamid Karzai became the first elected president of which country in 2004?"
+# Small on purpose: a couple of minutes on 2 CPU cores. The benchmark configs train far longer.
+DEFAULT_TRAINING = {"steps": 60, "batch_size": 16, "hard_negatives": 1, "learning_rate": 3e-5, "eval_every": 20,
+                    "save_every": 20, "val_fraction": 0.1, "bf16": True, "seed": 0}
+
+
+def retriever_dir(strategy: str, default_strategy: str) -> Path:
+    from rag_mag.models import default_retriever_dir
+
+    return default_retriever_dir() if strategy == default_strategy else artifacts_dir() / f"retriever-{strategy}"
+
+
+def index_dir(strategy: str, default_strategy: str) -> Path:
+    from rag_mag.pipelines import default_index_dir
+
+    return default_index_dir() if strategy == default_strategy else artifacts_dir() / f"index-{strategy}"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "quickstart", help="train, index, start vLLM and answer a sample question (bundled data)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("question", nargs="?", default=DEFAULT_QUESTION, help="the question to answer")
+    parser.add_argument("--strategies", default="qnorm,cosine",
+                        help="retrievers to build; the first is the default one (default: qnorm,cosine)")
+    parser.add_argument("--train-only", action="store_true", help="stop after training and indexing")
+    parser.add_argument("--keep-server", action="store_true", help="leave the vLLM server running at the end")
+    return parser
+
+
+def ensure_retriever(strategy: str, folder: Path) -> None:
+    from rag_mag.config import TrainConfig
+    from rag_mag.trainer import Trainer
+
+    if (folder / "rag_mag.json").is_file():
+        logger.info("retriever %s: %s (already trained)", strategy, folder)
+        return
+    work = folder.with_name(folder.name + ".training")
+    config = TrainConfig(strategy=strategy, train_data=str(SAMPLE / "train_triples.jsonl"), out=str(work),
+                         **DEFAULT_TRAINING)
+    logger.info("training the %s retriever on the bundled sample (%d steps)", strategy, config.steps)
+    result = Trainer(config).train()
+    from rag_mag.encoder import MagnitudeEncoder
+
+    MagnitudeEncoder.load(result.best_dir).save(folder)  # atomic; the resumable work folder stays beside it
+    (folder / "training.json").write_text(json.dumps({"validation": result.best_metrics, "config": config.to_dict()},
+                                                     indent=2))
+
+
+def ensure_index(strategy: str, retriever: Path, folder: Path) -> None:
+    from rag_mag.cli.main import main
+    from rag_mag.components.faiss_index import is_index_folder
+
+    if is_index_folder(folder):
+        logger.info("index %s: %s (already built)", strategy, folder)
+        return
+    code = main(["index", "--retriever", str(retriever), "--corpus", str(SAMPLE / "corpus.jsonl"),
+                 "--out", str(folder)])
+    if code:
+        raise SystemExit(code)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rag_mag import llm_server
+    from rag_mag.cli.main import main
+    from rag_mag.errors import ConfigError, ServerNotRunningError
+    from rag_mag.strategies import Strategy
+
+    strategies = [Strategy.parse(s).value for s in args.strategies.split(",") if s.strip()]
+    if not strategies:
+        raise ConfigError("--strategies is empty; give at least one, e.g. --strategies qnorm")
+    default = strategies[0]
+    for strategy in strategies:
+        ensure_retriever(strategy, retriever_dir(strategy, default))
+        ensure_index(strategy, retriever_dir(strategy, default), index_dir(strategy, default))
+    if args.train_only:
+        return 0
+    url = llm_server.default_api_base_url()
+    started = None
+    try:
+        llm_server.check_server(url)
+    except ServerNotRunningError:
+        address = llm_server.parse_api_base_url(url)
+        logger.info("starting the vLLM server (about a minute and a half on CPU)")
+        started = llm_server.start_server(host=address.host, port=address.port)
+    try:
+        return main(["ask", args.question, "--retriever", str(retriever_dir(default, default)),
+                     "--index", str(index_dir(default, default))])
+    finally:
+        if started is not None and not args.keep_server:
+            llm_server.stop_server(started.port)
