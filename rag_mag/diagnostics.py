@@ -165,6 +165,7 @@ class FisherSpectrum:
 
     strategy: str
     condition_number: float            # one head shared by both sides (the encoder is shared)
+    trimmed_condition_number: float    # the same without the smallest 10% of the nonzero eigenvalues
     query_condition_number: float      # the query side's part alone (as if the head were per side)
     document_condition_number: float   # the document side's part alone
     rank: int
@@ -172,6 +173,7 @@ class FisherSpectrum:
 
     def to_dict(self) -> dict:
         return {"strategy": self.strategy, "condition_number": self.condition_number,
+                "trimmed_condition_number": self.trimmed_condition_number,
                 "query_condition_number": self.query_condition_number,
                 "document_condition_number": self.document_condition_number, "rank": self.rank,
                 "top_eigenvalues": [float(v) for v in self.eigenvalues[:5]]}
@@ -191,7 +193,10 @@ def fisher_spectrum(query_embeddings: np.ndarray, document_embeddings: np.ndarra
     ``G_i = dl_i/dW = G_i^Q + G_i^D`` (query and document paths), ``l_i = log softmax_j(s_ij)[i]``. The
     nonzero eigenvalues of ``F = (1/n) sum_i vec(G_i) vec(G_i)^T`` (dim^2 x dim^2) equal those of the
     n x n Gram matrix ``K_ik = <G_i, G_k> / n``, so only K is formed. Condition number: largest over
-    smallest eigenvalue among those above ``rtol`` times the largest. The per-side numbers use only
+    smallest eigenvalue among those above ``rtol`` times the largest. With a sharp softmax (small
+    temperature, a pretrained model) many examples are nearly solved and their gradients nearly vanish,
+    so the classical number is set by the easiest example; ``trimmed_condition_number`` drops the
+    smallest 10% of the nonzero eigenvalues as a robustness check. The per-side numbers use only
     ``G^Q`` or ``G^D``.
     above ``rtol`` times the largest.
     """
@@ -239,8 +244,10 @@ def fisher_spectrum(query_embeddings: np.ndarray, document_embeddings: np.ndarra
     shared_gram = query_gram + document_gram + cross + cross.T
 
     eigenvalues, condition, rank = _spectrum(shared_gram / n, rtol)
+    kept = eigenvalues[:rank]
+    trimmed = float(kept[0] / kept[max(math.ceil(0.9 * rank), 1) - 1]) if rank else math.nan
     return FisherSpectrum(
-        strategy=strategy_enum.value, condition_number=condition,
+        strategy=strategy_enum.value, condition_number=condition, trimmed_condition_number=trimmed,
         query_condition_number=_spectrum(query_gram / n, rtol)[1],
         document_condition_number=_spectrum(document_gram / n, rtol)[1],
         rank=rank, eigenvalues=eigenvalues,

@@ -107,6 +107,7 @@ def test_fisher_spectrum_matches_autograd(strategy):
     assert np.allclose(spectrum.eigenvalues, reference, rtol=1e-6, atol=1e-12)
     assert spectrum.condition_number == pytest.approx(reference[0] / reference[-1], rel=1e-6)
     assert spectrum.rank == 5
+    assert spectrum.trimmed_condition_number == pytest.approx(reference[0] / reference[4], rel=1e-6)  # ceil(4.5)
     assert spectrum.query_condition_number >= 1.0 and spectrum.document_condition_number >= 1.0
 
 
@@ -150,4 +151,8 @@ def test_fisher_predictor_subsamples_seeded():
     first = predict_side_by_fisher(queries * spread, documents, max_examples=20, seed=7)
     second = predict_side_by_fisher(queries * spread, documents, max_examples=20, seed=7)
     assert first.qnorm.rank <= 20
+    eigenvalues, rank = first.qnorm.eigenvalues, first.qnorm.rank
+    tenth_smallest = eigenvalues[math.ceil(0.9 * rank) - 1]
+    assert first.qnorm.trimmed_condition_number == pytest.approx(eigenvalues[0] / tenth_smallest)
+    assert first.qnorm.trimmed_condition_number <= first.qnorm.condition_number
     assert first.qnorm.condition_number == second.qnorm.condition_number
