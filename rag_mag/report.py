@@ -561,8 +561,7 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
             predictor_rows.append([
                 dataset,
                 f"{selector['prediction']} (ΔCV {_number(_finite(selector.get('delta_cv')), 3)})" if selector else "–",
-                (f"{fisher['prediction']} (κ qnorm {_number(_finite(fisher['qnorm']['condition_number']), 1)}, "
-                 f"κ dnorm {_number(_finite(fisher['dnorm']['condition_number']), 1)})") if fisher else "–",
+                f"{fisher['prediction']} ({_kappa(fisher, 'qnorm')}; {_kappa(fisher, 'dnorm')})" if fisher else "–",
                 _winner(by_key, dataset, "ndcg@10") or "–", _winner(by_key, dataset, "em") or "–"])
     if predictor_rows:
         lines += _table(["dataset", "delta-CV selector", "Fisher predictor", "winner nDCG@10", "winner EM"],
@@ -583,6 +582,13 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
              if key not in ("machine", "packages", "command", "git_commit", "git_dirty", "timestamp")}
     lines += [f"- {key}: {value}" for key, value in extra.items()] + [""]
     return "\n".join(lines)
+
+
+def _kappa(fisher: Mapping, strategy: str) -> str:
+    spectrum = fisher.get(strategy) or {}
+    full, trimmed = _finite(spectrum.get("condition_number")), _finite(spectrum.get("trimmed_condition_number"))
+    text = f"κ {strategy} " + ("n/a" if full is None else f"{full:.3g}")
+    return text + (f", trimmed {trimmed:.3g}" if trimmed is not None else "")
 
 
 def _delta_text(entry: Mapping | None) -> str:

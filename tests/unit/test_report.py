@@ -80,6 +80,7 @@ def test_report_files_exist_and_hold_the_numbers(tmp_path):
     assert "| numpy | 2.0 |" in report and "| vllm | not installed |" in report
     assert "## Paper findings: held or not" in report
     assert "![em_f1](em_f1.png)" in report
+    assert "| hotpot_qa | dnorm (ΔCV -0.050) | qnorm (κ qnorm 12; κ dnorm 40) | qnorm | qnorm |" in report
 
 
 def test_findings_are_computed_from_the_numbers(tmp_path):
