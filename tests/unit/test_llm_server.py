@@ -311,6 +311,55 @@ def test_a_server_that_never_gets_ready_is_stopped(model_dir: Path, tmp_path: Pa
     assert not llm_server.pid_path(port).exists()
 
 
+_STAND_IN_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+args = sys.argv[1:]
+port, name = int(args[args.index("--port") + 1]), args[args.index("--served-model-name") + 1]
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": name}]}).encode() if self.path == "/v1/models" else b""
+        self.send_response(200 if self.path in ("/health", "/v1/models") else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+print("stand-in server up", flush=True)
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_detached_start_reuse_and_stop(model_dir: Path, tmp_path: Path) -> None:
+    """The whole detached life cycle, with a small HTTP server standing in for vLLM (same argv, /health)."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(_STAND_IN_SERVER)
+    python = _fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
+    port = closed_port()
+    record = llm_server.start_server(str(model_dir), port=port, python=python, served_model_name="m", timeout=30)
+    try:
+        assert llm_server.read_record(port) == record
+        assert llm_server.check_server(record.api_base_url, model="m") == ["m"]
+        assert "stand-in server up" in Path(record.log_path).read_text()
+        again = llm_server.start_server(str(model_dir), port=port, python=python, served_model_name="m")
+        assert again.pid == record.pid  # already running: reused, not started twice
+        with pytest.raises(ConfigError, match="already serves"):
+            llm_server.start_server(str(model_dir), port=port, python=python, served_model_name="other")
+    finally:
+        stopped = llm_server.stop_server(port, grace=5.0)
+    assert stopped is not None and stopped.pid == record.pid
+    assert not llm_server.process_alive(record.pid)
+    with pytest.raises(ServerNotRunningError):
+        llm_server.check_server(record.api_base_url, timeout=1.0)
+
+
+def test_foreground_run_keeps_a_pid_file_while_it_runs(model_dir: Path, tmp_path: Path,
+                                                        isolated_state: Path) -> None:
+    port = closed_port()
+    pid_file = isolated_state / "vllm" / f"server-{port}.json"
+    python = _fake_python(tmp_path, f"for i in $(seq 50); do [ -f {pid_file} ] && exit 7; sleep 0.1; done; exit 1")
+    assert llm_server.run_foreground(str(model_dir), port=port, python=python) == 7
+    assert not pid_file.exists()
+
+
 # ------------------------------------------------------------------------------------------- CLI
 def test_cli_status_and_stop_without_a_server(capsys: pytest.CaptureFixture[str]) -> None:
     port = str(closed_port())
