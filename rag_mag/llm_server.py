@@ -155,6 +155,9 @@ def convert_gguf(gguf_path: Path | None = None, out_dir: Path | None = None, *, 
         tokenizer.save_pretrained(tmp_dir)
         marker = {"source": str(gguf_path), "source_bytes": gguf_path.stat().st_size, "dtype": "bfloat16"}
         (tmp_dir / CONVERSION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if is_converted(out_dir) and not force:
+            logger.info("another process converted %s meanwhile; keeping its folder", out_dir)
+            return out_dir
         if out_dir.exists():  # an unfinished or forced-over folder: move it aside, then delete it
             old_dir = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
             os.replace(out_dir, old_dir)

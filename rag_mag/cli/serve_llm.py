@@ -66,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else _default_port()
     if args.timeout <= 0:
         raise ConfigError(f"invalid --timeout {args.timeout}: expected a positive number of seconds")
+    if args.max_model_len < 16:
+        raise ConfigError(f"invalid --max-model-len {args.max_model_len}: expected a number of tokens, e.g. 2048")
+    if args.model is not None and args.force_convert:
+        raise ConfigError("--force-convert converts the packaged SmolLM2 GGUF; it takes no --model")
     if args.stop:
         record = llm_server.stop_server(port)
         print(f"stopped the vLLM server (pid {record.pid}) on port {port}" if record

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 from haystack import Pipeline
 from haystack.dataclasses import ChatMessage
@@ -9,7 +12,7 @@ from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
 from rag_mag import llm_server
 from rag_mag.errors import ConfigError
-from rag_mag.models import default_llm_dir, packaged_smollm2_gguf
+from rag_mag.models import packaged_smollm2_gguf
 
 pytestmark = pytest.mark.integration
 
@@ -62,15 +65,18 @@ def generator(url: str, **generation_kwargs: object) -> VLLMChatGenerator:
                              generation_kwargs={"max_tokens": 32, "temperature": 0.0, **generation_kwargs})
 
 
-def test_converted_model_computes_what_the_gguf_computes() -> None:
-    """The safetensors folder holds the GGUF's weights: same next-token logits (up to bfloat16 rounding)."""
+def test_converted_model_computes_what_the_gguf_computes(tmp_path: Path) -> None:
+    """A fresh conversion holds the GGUF's weights: same next-token logits (up to bfloat16 rounding)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = llm_server.convert_gguf()
-    assert folder == default_llm_dir() and llm_server.is_converted(folder)
-    assert llm_server.convert_gguf() == folder  # idempotent: the second call keeps the folder
     gguf = packaged_smollm2_gguf()
+    folder = llm_server.convert_gguf(gguf, tmp_path / "smollm2")
+    assert folder == tmp_path / "smollm2" and llm_server.is_converted(folder)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["smollm2"]  # no temporary folder left
+    started = time.monotonic()
+    assert llm_server.convert_gguf(gguf, folder) == folder
+    assert time.monotonic() - started < 1.0  # idempotent: a finished folder is kept, nothing is loaded
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert "<|im_start|>" in tokenizer.chat_template
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],

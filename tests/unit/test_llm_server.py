@@ -376,6 +376,8 @@ def test_cli_errors_are_one_line_with_the_fix(model_dir: Path, tmp_path: Path,
     assert "run scripts/setup.sh" in capsys.readouterr().err
     assert main(["serve-llm", "--convert-only", "--model", str(model_dir)]) == 2
     assert "takes no --model" in capsys.readouterr().err
+    assert main(["serve-llm", "--timeout", "0"]) == 2
+    assert "invalid --timeout 0.0" in capsys.readouterr().err
 
 
 def test_cli_default_port_follows_the_url_variable(monkeypatch: pytest.MonkeyPatch,
