@@ -29,10 +29,12 @@ from rag_mag.data import Passage, Triple, read_triples
 from rag_mag.encoder import MagnitudeEncoder
 from rag_mag.errors import CheckpointError, DataError, TrainingError
 from rag_mag.loss import InfoNCELoss
+from rag_mag.metrics.retrieval import judge_supporting, score_retrieval
 
 logger = logging.getLogger(__name__)
 
 STATE_NAME = "trainer_state.json"
+RNG_KEY = "rng.torch"
 OPTIMIZER_NAME = "optimizer.safetensors"
 # Below this coefficient of variation a raw side carries (almost) no magnitude signal.
 COLLAPSE_CV = 1e-3
@@ -106,21 +108,6 @@ def mean_pairwise_cosine(raw: torch.Tensor) -> float:
     return float((cosines.sum() - cosines.diagonal().sum()) / max(n * (n - 1), 1))
 
 
-def _recall(rankings: list[list[str]], relevant: list[set[str]], k: int) -> float:
-    """Mean share of each query's relevant passages found in its top k, in [0, 100]."""
-    return 100.0 * float(np.mean([len(set(r[:k]) & rel) / len(rel) for r, rel in zip(rankings, relevant, strict=True)]))
-
-
-def _ndcg(rankings: list[list[str]], relevant: list[set[str]], k: int) -> float:
-    """Binary-relevance nDCG@k, in [0, 100]."""
-    values = []
-    for ranking, rel in zip(rankings, relevant, strict=True):
-        gain = sum(1.0 / math.log2(rank + 2) for rank, doc in enumerate(ranking[:k]) if doc in rel)
-        ideal = sum(1.0 / math.log2(rank + 2) for rank in range(min(k, len(rel))))
-        values.append(gain / ideal)
-    return 100.0 * float(np.mean(values))
-
-
 # ----------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, config: TrainConfig) -> None:
@@ -191,6 +178,7 @@ class Trainer:
                 for key, value in optimizer.state.get(parameter, {}).items():
                     tensors[f"{group_index}.{param_index}.{key}"] = torch.as_tensor(value).detach().clone().contiguous()
             slots.append(len(group["params"]))
+        tensors[RNG_KEY] = torch.get_rng_state()  # dropout masks: a resumed run replays the same ones
         save_file(tensors, str(self.last_dir / OPTIMIZER_NAME))
         state = {"step": step, "best_metrics": best_metrics, "param_group_sizes": slots,
                  "config": self.config.to_dict()}
@@ -206,6 +194,8 @@ class Trainer:
         if state["param_group_sizes"] != [len(g["params"]) for g in optimizer.param_groups]:
             raise CheckpointError(f"{self.last_dir} was written for another model or strategy; use a new --out "
                                   "or pass --no-resume")
+        if RNG_KEY in tensors:
+            torch.set_rng_state(tensors.pop(RNG_KEY))
         for key, value in tensors.items():
             group_index, param_index, slot = key.split(".", 2)
             parameter = optimizer.param_groups[int(group_index)]["params"][int(param_index)]
@@ -230,14 +220,10 @@ class Trainer:
         queries = encoder.encode([t.query for t in validation], "query")
         scores = queries @ documents.T
         top = np.argsort(-scores, axis=1)[:, :20]
-        rankings = [[ids[j] for j in row] for row in top]
-        relevant = [{p.id for p in t.positives} for t in validation]
-        return {
-            "recall@1": _recall(rankings, relevant, 1),
-            "recall@5": _recall(rankings, relevant, 5),
-            "recall@20": _recall(rankings, relevant, 20),
-            "ndcg@10": _ndcg(rankings, relevant, 10),
-        }
+        judgements = [judge_supporting([ids[j] for j in row], [p.id for p in triple.positives])
+                      for row, triple in zip(top, validation, strict=True)]
+        means = score_retrieval(judgements, ks=(1, 5, 20)).means
+        return {name: means[name] for name in ("recall@1", "recall@5", "recall@20", "ndcg@10")}
 
     # ---- the loop
     def train(self) -> TrainResult:
