@@ -57,8 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt_on_sigterm() -> None:
+    """`kill` ends a run like Ctrl-C does: checkpoints are saved and servers we started are stopped."""
+    import signal
+    import threading
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     _offline_defaults()
+    _interrupt_on_sigterm()
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
