@@ -27,6 +27,7 @@ from rag_mag.datasets import EvalDataset, data_root, load_eval_dataset, parse_da
 from rag_mag.models import REPO_ROOT, artifacts_dir
 
 logger = logging.getLogger(__name__)
+CELL_FORMAT = 2  # bump when a cell's content changes, so that older cells are recomputed
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ class BenchRunner:
         return write_outputs(self, cells, predictors, datasets)
 
     def _cell(self, dataset: EvalDataset, system: System, generator, evaluate_cell, number: int, total: int) -> dict:
-        key = fingerprint(self.config.retrieval_top_k, self.config.rag_top_k, self.config.max_tokens,
+        key = fingerprint(CELL_FORMAT, self.config.retrieval_top_k, self.config.rag_top_k, self.config.max_tokens,
                           generator.model, str(system.checkpoint), [r.id for r in dataset.records],
                           len(dataset.corpus), file_digest(resolve_path(self.config.pipeline)))
         path = self.cells_dir / f"{dataset.name}__{system.label}.json"
