@@ -1,0 +1,196 @@
+"""The demo's web app (FastAPI): the page, a JSON API and an OpenAI-compatible chat endpoint.
+
+Routes:
+  GET  /                      the page (plain HTML/CSS/JS from rag_mag/demo/static, no build step, no CDN)
+  GET  /health                200 when the vLLM server answers, 503 (with the reason) when not
+  GET  /api/indexes           the indexes (strategies) served, and the request limits
+  POST /api/ask               {question, index?, top_k?} -> {answer, sources[...], latency_ms, index, strategy, ...}
+  POST /api/ask/stream        the same as server-sent events: sources, token..., done (or error)
+  GET  /v1/models             the indexes as OpenAI "models"
+  POST /v1/chat/completions   OpenAI chat completions (model = index; stream: true for SSE chunks)
+
+Every error is JSON in OpenAI's shape, ``{"error": {"message", "type", "code", "param"}}``: 400/404 for a bad
+question, top_k or index, 503 when vLLM is down or the demo is busy, 502 when vLLM refuses a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+
+from rag_mag.demo import openai_api
+from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService, Event, RequestError
+from rag_mag.errors import RagMagError, ServerNotRunningError
+
+logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_status(error: BaseException) -> int:
+    if isinstance(error, RequestError):
+        return error.status
+    if isinstance(error, ServerNotRunningError):
+        return 503
+    return 500
+
+
+def error_body(error: BaseException) -> dict[str, Any]:
+    """OpenAI's error shape; unexpected errors say what happened and that the server log has the rest."""
+    status = error_status(error)
+    if isinstance(error, RagMagError):
+        message = str(error)
+    else:
+        message = f"internal error ({type(error).__name__}: {error}); see the demo server's log"
+    kind = "invalid_request_error" if status < 500 else "service_unavailable" if status == 503 else "server_error"
+    code = getattr(error, "code", None) or ("llm_unavailable" if isinstance(error, ServerNotRunningError)
+                                           else "internal_error")
+    return {"error": {"message": message, "type": kind, "code": code, "param": getattr(error, "param", None)}}
+
+
+def error_response(error: BaseException) -> JSONResponse:
+    if error_status(error) >= 500 and not isinstance(error, RagMagError):
+        logger.error("request failed", exc_info=error)
+    return JSONResponse(error_body(error), status_code=error_status(error))
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError("the request body is not valid JSON; send e.g. {\"question\": \"Who wrote Hamlet?\"}",
+                           code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object, e.g. {\"question\": \"Who wrote Hamlet?\"}")
+    return body
+
+
+async def primed(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """Run a stream up to its first event now, so bad requests, a busy demo and a down vLLM become plain
+    HTTP errors before any byte of the stream is sent."""
+    first = await anext(events)
+
+    async def rest() -> AsyncIterator[Event]:
+        yield first
+        async for event in events:
+            yield event
+
+    return rest()
+
+
+def sse(kind: str, data: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def event_lines(events: AsyncIterator[Event]) -> AsyncIterator[str]:
+    try:
+        async for event in events:
+            yield sse(event.kind, {"text": event.data} if event.kind == "token" else event.data)
+    except Exception as error:  # the stream has started: the error becomes its last event
+        if error_status(error) >= 500 and not isinstance(error, RagMagError):
+            logger.error("streamed request failed", exc_info=error)
+        yield sse("error", {**error_body(error), "status": error_status(error)})
+
+
+async def chunk_lines(events: AsyncIterator[Event], model: str, include_usage: bool) -> AsyncIterator[str]:
+    try:
+        async for line in openai_api.completion_chunks(events, model, include_usage):
+            yield line
+    except Exception as error:
+        if error_status(error) >= 500 and not isinstance(error, RagMagError):
+            logger.error("streamed chat completion failed", exc_info=error)
+        yield f"data: {json.dumps(error_body(error))}\n\n"
+
+
+def create_app(service: DemoService) -> FastAPI:
+    """The app around a loaded DemoService; blocking pipeline steps run in a pool of max_concurrency + 4 threads."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        executor = ThreadPoolExecutor(max_workers=service.max_concurrency + 4, thread_name_prefix="rag-mag-demo")
+        asyncio.get_running_loop().set_default_executor(executor)
+        try:
+            yield
+        finally:
+            for loaded in service.indexes.values():
+                await loaded.pipeline.close_async()
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="rag-mag demo", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.service = service
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.exception_handler(RagMagError)
+    async def on_rag_mag_error(request: Request, error: RagMagError) -> JSONResponse:
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def on_error(request: Request, error: Exception) -> JSONResponse:
+        return error_response(error)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        body: dict[str, Any] = {"status": "ok", "indexes": list(service.indexes), "load": service.load(),
+                                "llm": {"url": service.llm_url, "reachable": True}}
+        try:
+            await service.check_llm()
+        except RagMagError as error:
+            body["status"] = "degraded"
+            body["llm"].update(reachable=False, error=str(error))
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
+    @app.get("/api/indexes")
+    async def indexes() -> dict[str, Any]:
+        return {"indexes": service.index_info(), "default": service.default_index,
+                "max_question_chars": MAX_QUESTION_CHARS, "max_top_k": service.max_top_k}
+
+    @app.post("/api/ask")
+    async def ask(request: Request) -> dict[str, Any]:
+        body = await json_body(request)
+        return await service.ask(body.get("question"), body.get("index"), body.get("top_k"))
+
+    @app.post("/api/ask/stream")
+    async def ask_stream(request: Request) -> StreamingResponse:
+        body = await json_body(request)
+        events = await primed(service.stream(body.get("question"), body.get("index"), body.get("top_k")))
+        return StreamingResponse(event_lines(events), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return openai_api.models(service)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
+        body = await json_body(request)
+        try:
+            events = await primed(openai_api.open_stream(service, body))
+        except RequestError as error:
+            raise openai_api.as_model_error(error) from None
+        model = body.get("model") or service.default_index
+        if not body.get("stream"):
+            async for event in events:
+                if event.kind == "done":
+                    return JSONResponse(openai_api.completion(event.data))
+            raise RagMagError("the pipeline finished without an answer")
+        stream_options = body.get("stream_options")
+        include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+        return StreamingResponse(chunk_lines(events, model, include_usage), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+
+    return app

@@ -1,0 +1,128 @@
+"""Loading the demo's pipelines: one RAG pipeline per index, built from the same YAML and warmed up once.
+
+Thread safety: the query encoder of one checkpoint is shared by every pipeline that uses it (see
+``rag_mag.components.checkpoints``) and its fast tokenizer must not be called from two threads at once,
+so each RagMagTextEmbedder's ``run`` is serialized by one lock per encoder (``guard_embedders``). The
+retriever only reads its FAISS index; prompt and answer builders keep no state.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rag_mag.demo.indexes import IndexSpec
+from rag_mag.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedIndex:
+    """An index with its warmed-up pipeline and what the demo needs to know about it."""
+
+    spec: IndexSpec
+    pipeline: Any
+    strategy: str
+    documents: int
+    top_k: int
+    retrievers: tuple[str, ...]
+    answer_generators: tuple[str, ...]
+    llm_model: str
+
+
+# ------------------------------------------------------------------------------------------ loading
+_encoder_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_encoder_locks_guard = threading.Lock()
+
+
+def encoder_lock(encoder: Any) -> threading.Lock:
+    """The one lock of a (shared) query encoder."""
+    with _encoder_locks_guard:
+        return _encoder_locks.setdefault(encoder, threading.Lock())
+
+
+def guard_embedders(pipeline) -> int:
+    """Serialize every RagMagTextEmbedder of a warmed-up pipeline on its encoder's lock; return how many."""
+    from rag_mag.components.text_embedder import RagMagTextEmbedder
+
+    guarded = 0
+    for _, instance in pipeline.walk():
+        if not isinstance(instance, RagMagTextEmbedder) or getattr(instance.run, "rag_mag_lock", None):
+            continue
+        lock = encoder_lock(instance.checkpoint.encoder)
+        unguarded = instance.run
+
+        @functools.wraps(unguarded)
+        def run(*args: Any, _run: Callable = unguarded, _lock: threading.Lock = lock, **kwargs: Any) -> Any:
+            with _lock:
+                return _run(*args, **kwargs)
+
+        run.rag_mag_lock = lock  # type: ignore[attr-defined]
+        instance.run = run  # the pipeline looks up instance.run, so this one is called
+        guarded += 1
+    return guarded
+
+
+def _components_of(pipeline, class_name: str) -> list[str]:
+    return [name for name, instance in pipeline.walk() if type(instance).__name__ == class_name]
+
+
+def answer_generators(pipeline) -> tuple[str, ...]:
+    """The vLLM generators whose replies reach the component that builds the answers (these are streamed)."""
+    from rag_mag.llm_server import iter_vllm_generators
+    from rag_mag.pipelines import pipeline_section
+
+    target = str(pipeline_section(pipeline, "outputs").get("answers", "")).split(".")[0]
+    if not target:
+        raise ConfigError("the pipeline does not declare its answers (metadata.rag_mag.outputs.answers); the demo "
+                          "needs it, e.g. answers: answer_builder.answers")
+    senders = {sender for sender, _ in pipeline.graph.in_edges(target)}
+    generators = tuple(name for name, _ in iter_vllm_generators(pipeline) if name in senders)
+    if not generators:
+        raise ConfigError(f"no VLLMChatGenerator sends its replies to {target!r}; the demo streams the answer from "
+                          "the generator connected to the answer builder")
+    return generators
+
+
+def load_index(spec: IndexSpec, pipeline_path: str | Path, llm_url: str) -> LoadedIndex:
+    """Build and warm up the pipeline of one index; check that the index was built with its retriever."""
+    from rag_mag.components.faiss_index import is_index_folder
+    from rag_mag.pipelines import VLLM_GENERATOR_TYPE, load_pipeline, read_pipeline_dict
+
+    if not is_index_folder(spec.index_dir):
+        raise CheckpointError(f"index {spec.name!r}: {spec.index_dir} is not an index folder; build it with "
+                              f"`rag-mag index --retriever {spec.retriever_dir} --out {spec.index_dir}`")
+    overrides: dict[str, Any] = {"index": str(spec.index_dir), "retriever": str(spec.retriever_dir)}
+    for name, component in read_pipeline_dict(pipeline_path)["components"].items():
+        if isinstance(component, dict) and component.get("type") == VLLM_GENERATOR_TYPE:
+            overrides[f"{name}.api_base_url"] = llm_url
+    pipeline = load_pipeline(pipeline_path, overrides)
+    pipeline.warm_up()
+    embedders = _components_of(pipeline, "RagMagTextEmbedder")
+    retrievers = tuple(_components_of(pipeline, "FAISSEmbeddingRetriever"))
+    if not embedders or not retrievers:
+        raise ConfigError(f"{pipeline_path} needs a RagMagTextEmbedder and a FAISSEmbeddingRetriever for the demo")
+    embedder = pipeline.get_component(embedders[0])
+    store = pipeline.get_component(retrievers[0]).document_store
+    indexed_with = store.manifest.get("checkpoint")
+    if indexed_with and indexed_with != embedder.checkpoint.fingerprint:
+        raise CheckpointError(
+            f"index {spec.name!r}: {spec.index_dir} was built with retriever checkpoint {indexed_with}, but "
+            f"{spec.retriever_dir} is {embedder.checkpoint.fingerprint}; pair the index with the retriever that "
+            "built it, or re-index with `rag-mag index`")
+    guard_embedders(pipeline)
+    generators = answer_generators(pipeline)
+    loaded = LoadedIndex(spec=spec, pipeline=pipeline, strategy=embedder.checkpoint.strategy,
+                         documents=store.count_documents(), top_k=pipeline.get_component(retrievers[0]).top_k,
+                         retrievers=retrievers, answer_generators=generators,
+                         llm_model=pipeline.get_component(generators[0]).model)
+    logger.info("index %s: %d passages, strategy %s, pipeline %s", spec.name, loaded.documents, loaded.strategy,
+                pipeline_path)
+    return loaded

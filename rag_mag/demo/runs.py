@@ -1,0 +1,152 @@
+"""One question through one index's pipeline, as a stream of events (sources, tokens, the final answer).
+
+The pipeline runs in a task of its own (``Pipeline.run_async_generator``); the answer generator's async
+streaming callback and the partial outputs of the retrievers both feed one queue, which ``events`` reads.
+If the reader stops early (the browser went away), the task is cancelled, and with it the vLLM request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rag_mag.demo.loading import LoadedIndex
+from rag_mag.demo.service import Event, RequestError
+from rag_mag.errors import RagMagError, ServerNotRunningError
+
+logger = logging.getLogger(__name__)
+
+
+def sources_of(question: str, documents: list) -> list[dict[str, Any]]:
+    """Ranked sources with their score parts, as ``rag-mag ask --json`` prints them."""
+    from haystack.dataclasses import GeneratedAnswer
+
+    from rag_mag.cli.ask import answer_report
+
+    return answer_report(question, GeneratedAnswer(data="", query=question, documents=documents, meta={}))["sources"]
+
+
+def _milliseconds(since: float, until: float | None = None) -> float:
+    return round(((until if until is not None else time.perf_counter()) - since) * 1000.0, 1)
+
+
+class PipelineRun:
+    """Runs ``question`` once on ``loaded``; ``started`` is when the request arrived (for the latency)."""
+
+    def __init__(self, loaded: LoadedIndex, question: str, top_k: int, generation_kwargs: dict[str, Any],
+                 *, started: float | None = None) -> None:
+        self.loaded = loaded
+        self.question = question
+        self.top_k = top_k
+        self.generation_kwargs = generation_kwargs
+        self.started = time.perf_counter() if started is None else started
+        self.admitted = time.perf_counter()
+        self.retrieved_at: float | None = None
+        self.first_token_at: float | None = None
+
+    def inputs(self, on_chunk) -> dict[str, dict[str, Any]]:
+        from rag_mag.pipelines import question_inputs
+
+        inputs = question_inputs(self.loaded.pipeline, self.question)
+        for name in self.loaded.retrievers:
+            inputs.setdefault(name, {})["top_k"] = self.top_k
+        for name in self.loaded.answer_generators:
+            inputs.setdefault(name, {}).update(streaming_callback=on_chunk, generation_kwargs=self.generation_kwargs)
+        return inputs
+
+    async def events(self) -> AsyncIterator[Event]:
+        from rag_mag.pipelines import outputs_to_report
+
+        pipeline = self.loaded.pipeline
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        async def on_chunk(chunk) -> None:
+            if chunk.content:
+                queue.put_nowait(("token", chunk.content))
+
+        keep = set(self.loaded.retrievers) | set(self.loaded.answer_generators) | outputs_to_report(pipeline)
+
+        async def drive() -> None:
+            final: dict[str, Any] = {}
+            sent: list | None = None
+            try:
+                async for partial in pipeline.run_async_generator(self.inputs(on_chunk), include_outputs_from=keep):
+                    final = partial
+                    for name in self.loaded.retrievers:
+                        documents = (partial.get(name) or {}).get("documents")
+                        if documents is not None and documents is not sent:  # the last yield repeats them all
+                            sent = documents
+                            queue.put_nowait(("sources", documents))
+                queue.put_nowait(("end", final))
+            except Exception as error:  # handed to the reader, which raises it in the request's context
+                queue.put_nowait(("error", error))
+
+        task = asyncio.create_task(drive())
+        try:
+            while True:
+                kind, data = await queue.get()
+                if kind == "token":
+                    self.first_token_at = self.first_token_at or time.perf_counter()
+                    yield Event("token", data)
+                elif kind == "sources":
+                    self.retrieved_at = self.retrieved_at or time.perf_counter()
+                    yield Event("sources", {"index": self.loaded.spec.name, "strategy": self.loaded.strategy,
+                                            "sources": sources_of(self.question, data),
+                                            "retrieval_ms": _milliseconds(self.started, self.retrieved_at)})
+                elif kind == "error":
+                    translated = self.translate(data)
+                    if translated is data:
+                        raise data
+                    raise translated from data
+                else:
+                    yield Event("done", self.result(data))
+                    return
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def translate(self, error: Exception) -> Exception:
+        """The error a user should see: ours unwrapped, vLLM trouble as ServerNotRunningError or a 502."""
+        import openai
+        from haystack.core.errors import PipelineRuntimeError
+
+        cause = error.__cause__ if isinstance(error, PipelineRuntimeError) and error.__cause__ else error
+        if isinstance(cause, RagMagError):
+            return cause
+        url = self.loaded.pipeline.get_component(self.loaded.answer_generators[0]).api_base_url
+        if isinstance(cause, openai.APIConnectionError):  # also APITimeoutError
+            return ServerNotRunningError(f"lost the connection to the vLLM server at {url} ({cause}); check it "
+                                         "with `rag-mag serve-llm --status`, or start it with `rag-mag serve-llm`")
+        if isinstance(cause, openai.APIStatusError):
+            return RequestError(f"the vLLM server at {url} refused the request (HTTP {cause.status_code}): "
+                                f"{cause.message}", status=502, code="llm_error")
+        return error
+
+    def result(self, final: dict[str, Any]) -> dict[str, Any]:
+        from rag_mag.cli.ask import answer_report
+        from rag_mag.pipelines import named_outputs
+
+        finished = time.perf_counter()
+        pipeline = self.loaded.pipeline
+        outputs = named_outputs(pipeline, final)
+        answers = outputs.get("answers") or []
+        if not answers:
+            raise RagMagError("the pipeline returned no answer; metadata.rag_mag.outputs.answers must name the "
+                              "AnswerBuilder output")
+        report = answer_report(self.question, answers[0], outputs.get("queries"))
+        replies = (final.get(self.loaded.answer_generators[0]) or {}).get("replies") or []
+        reply_meta = replies[0].meta if replies else {}
+        report.update(
+            index=self.loaded.spec.name, strategy=self.loaded.strategy, top_k=self.top_k,
+            model=reply_meta.get("model") or self.loaded.llm_model, finish_reason=reply_meta.get("finish_reason"),
+            usage=reply_meta.get("usage") or None, latency_ms=_milliseconds(self.started, finished),
+            queue_ms=_milliseconds(self.started, self.admitted),
+            retrieval_ms=_milliseconds(self.started, self.retrieved_at) if self.retrieved_at else None,
+            first_token_ms=_milliseconds(self.started, self.first_token_at) if self.first_token_at else None)
+        return report
