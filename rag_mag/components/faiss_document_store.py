@@ -188,8 +188,11 @@ class FAISSDocumentStore:
         if queries.ndim != 2 or queries.shape[1] != self._embeddings.shape[1]:
             raise DataError(f"query embeddings have shape {queries.shape}, the index holds vectors of dimension "
                             f"{self._embeddings.shape[1]}; embed queries with the checkpoint the index was built with")
-        scores, rows = self.faiss_index().search(queries, min(top_k, len(self._documents)))
-        return scores, rows
+        index, k = self.faiss_index(), min(top_k, len(self._documents))
+        if len(queries) >= faiss_index.BATCH_THRESHOLD:
+            return index.search(queries, k)
+        with faiss_index.single_thread():
+            return index.search(queries, k)
 
     def document_at(self, row: int) -> Document:
         return self._documents[row]
