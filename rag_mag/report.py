@@ -55,8 +55,8 @@ STRATEGY_ORDER = ("cosine", "dot", "qnorm", "dnorm", "learnable", "base_cosine",
 ONE_SIDED = ("qnorm", "dnorm")
 DOCUMENT_MAGNITUDE = ("dot", "qnorm", "learnable")  # systems whose scores use the document norm
 RETRIEVAL_COLUMNS = ("recall@1", "recall@5", "recall@20", "ndcg@10", "mrr@10")
-COMPARED = ("em", "f1", "ndcg@10", "recall@5")
-LABELS = {"em": "EM", "f1": "F1", "ndcg@10": "nDCG@10", "mrr@10": "MRR@10"}
+COMPARED = ("em", "f1", "accuracy", "ndcg@10", "recall@5")
+LABELS = {"em": "EM", "f1": "F1", "accuracy": "accuracy", "ndcg@10": "nDCG@10", "mrr@10": "MRR@10"}
 PACKAGES = ("rag-mag", "torch", "transformers", "haystack-ai", "vllm-haystack", "faiss-cpu", "datasets",
             "evaluate", "bm25s", "numpy", "matplotlib", "sentence-transformers")
 ALPHA = 0.05
@@ -494,7 +494,8 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
             lines += [f"*{item['finding']}*: " + "; ".join(item["evidence"]), ""]
 
     header = ["system"] + [f"{dataset} (n={n_questions[dataset]})" for dataset in datasets]
-    for metric, label in (("em", "Exact Match"), ("f1", "F1")):
+    for metric, label in (("em", "Exact Match"), ("f1", "F1"),
+                          ("accuracy", "accuracy (a gold alias occurs in the answer; lenient)")):
         rows = [[system] + [_with_ci(by_key.get((dataset, system)), metric) for dataset in datasets]
                 for system in systems if any(metric in by_key.get((d, system), _EMPTY).means for d in datasets)]
         lines += [f"## Answers: {label}", ""] + _table(header, rows)

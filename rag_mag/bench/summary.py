@@ -46,6 +46,6 @@ def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict) -
     notes = list(config.notes)
     write_report(runner.out, rows, config=config.to_dict(), environment=runner.environment(),
                  per_example=per_example, norms=norms, in_domain=config.in_domain,
-                 title=f"rag-mag benchmark: {config.name}", command=runner.command, notes=notes,
+                 title=config.name, command=runner.command, notes=notes,
                  n_resamples=config.bootstrap_resamples)
     return runner.out
