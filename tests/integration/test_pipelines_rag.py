@@ -73,7 +73,7 @@ def test_rag_answers_with_sources(minilm_index, vllm_server, questions):
             "answers"][0]
         assert answer.data.strip(), record.question
         assert answer.query == record.question
-        assert len(answer.documents) == 3
+        assert len(answer.documents) == 5
         for document in answer.documents:
             meta = document.meta
             assert document.score == pytest.approx(meta["cosine"] * meta["query_norm"] * meta["document_norm"],

@@ -106,7 +106,7 @@ def test_overrides_are_applied_before_construction(built):
     # The YAML file itself is untouched, and the dict helpers do not mutate their input.
     data = read_pipeline_dict(PIPELINES_DIR / "rag.yaml")
     apply_overrides(data, {"top_k": 9})
-    assert data["components"]["retriever"]["init_parameters"]["top_k"] == 3
+    assert data["components"]["retriever"]["init_parameters"]["top_k"] == 5
     # A bad value is rejected by the component's own validation, with a message naming it.
     with pytest.raises(ConfigError, match="top_k must be a positive integer"):
         load_pipeline(PIPELINES_DIR / "rag.yaml", {**local_overrides(built, "rag"), "retriever.top_k": 0})
