@@ -10,6 +10,7 @@ measure before using them.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ class FAISSDocumentStore:
         self._checkpoint: str | None = None
         self._strategy: str | None = None
         self._loaded = False
+        self._load_lock = threading.Lock()
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, path=self.path, index_type=self.index_type, recreate=self.recreate,
@@ -83,9 +85,12 @@ class FAISSDocumentStore:
     def _ensure_loaded(self) -> None:
         if self._loaded:
             return
-        self._loaded = True
-        if self.path and not self.recreate and faiss_index.is_index_folder(Path(self.path)):
-            self._load(Path(self.path))
+        with self._load_lock:  # a server may ask from several threads at once
+            if self._loaded:
+                return
+            if self.path and not self.recreate and faiss_index.is_index_folder(Path(self.path)):
+                self._load(Path(self.path))  # raises on a corrupt folder, and will again next time
+            self._loaded = True
 
     def _load(self, folder: Path) -> None:
         index, ids, records, manifest = faiss_index.read_folder(folder)

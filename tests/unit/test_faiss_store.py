@@ -249,9 +249,12 @@ def _saved_index(checkpoints, folder: Path) -> Path:
 def test_corrupt_index_gives_a_clear_error(checkpoints, tmp_path, damage, message):
     folder = _saved_index(checkpoints, tmp_path / "index")
     damage(folder)
+    store = FAISSDocumentStore(path=str(folder))
     with pytest.raises(CheckpointError, match=message) as error:
-        FAISSDocumentStore(path=str(folder)).count_documents()
+        store.count_documents()
     assert str(folder) in str(error.value) and "rag-mag index" in str(error.value)
+    with pytest.raises(CheckpointError, match=message):  # and again: never an empty store in its place
+        FAISSEmbeddingRetriever(document_store=store).warm_up()
 
 
 def test_index_type_mismatch_and_foreign_folder(checkpoints, tmp_path):
