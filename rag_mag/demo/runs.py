@@ -72,14 +72,15 @@ class PipelineRun:
 
         async def drive() -> None:
             final: dict[str, Any] = {}
-            sent: list | None = None
+            sent: list[str] | None = None
             try:
                 async for partial in pipeline.run_async_generator(self.inputs(on_chunk), include_outputs_from=keep):
                     final = partial
                     for name in self.loaded.retrievers:
                         documents = (partial.get(name) or {}).get("documents")
-                        if documents is not None and documents is not sent:  # the last yield repeats them all
-                            sent = documents
+                        ids = None if documents is None else [document.id for document in documents]
+                        if ids is not None and ids != sent:  # the last yield (all outputs) repeats them
+                            sent = ids
                             queue.put_nowait(("sources", documents))
                 queue.put_nowait(("end", final))
             except Exception as error:  # handed to the reader, which raises it in the request's context

@@ -91,7 +91,7 @@ class DemoService:
         question = question.strip()
         if len(question) > MAX_QUESTION_CHARS:
             raise RequestError(f"the question is {len(question)} characters long; the limit is "
-                               f"{MAX_QUESTION_CHARS}. Shorten it", code="question_too_long", param="question")
+                               f"{MAX_QUESTION_CHARS}; shorten it", code="question_too_long", param="question")
         name = self.default_index if index in (None, "") else index
         if name not in self.indexes:
             raise RequestError(f"unknown index {name!r}; this demo serves: {', '.join(self.indexes)}",

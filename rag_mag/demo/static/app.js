@@ -100,7 +100,12 @@ function documentNormScale() {
 
 function renderAllSources() {
   const scale = documentNormScale();
-  for (const panel of page.panels) panel.renderSources(scale);
+  for (const panel of page.panels) {
+    // Side by side: where each passage ranked in the other panels (the strategies disagree where magnitude counts).
+    const others = page.panels.filter((other) => other !== panel && other.sources.length)
+      .map((other) => ({ name: other.name, ranks: new Map(other.sources.map((s) => [s.id, s.rank])) }));
+    panel.renderSources(scale, others);
+  }
 }
 
 function makePanel(name) {
@@ -116,6 +121,7 @@ function makePanel(name) {
 
   const panel = {
     node,
+    name,
     state: "idle",
     sources: [],
     setState(state) { panel.state = state; node.dataset.state = state; },
@@ -146,9 +152,9 @@ function makePanel(name) {
       timing.textContent = "";
       panel.setState("error");
     },
-    renderSources(scale) {
+    renderSources(scale, others) {
       list.replaceChildren();
-      for (const source of panel.sources) list.append(sourceItem(source, scale));
+      for (const source of panel.sources) list.append(sourceItem(source, scale, others));
     },
   };
   page.panels.push(panel);
@@ -156,10 +162,17 @@ function makePanel(name) {
   return panel;
 }
 
-function sourceItem(source, normScale) {
+function sourceItem(source, normScale, others) {
   const item = byId("source-template").content.firstElementChild.cloneNode(true);
+  const elsewhere = item.querySelector(".elsewhere");
+  elsewhere.textContent = others.map((other) => {
+    const rank = other.ranks.get(source.id);
+    return rank ? `${other.name} #${rank}` : `${other.name}: not in top ${other.ranks.size}`;
+  }).join(" · ");
+  if (others.some((other) => other.ranks.get(source.id) !== source.rank)) elsewhere.classList.add("moved");
   item.querySelector(".rank").textContent = String(source.rank);
-  item.querySelector(".title").textContent = source.title || source.id;
+  // Wikipedia titles of some datasets come wrapped in quotes: "History of the Quakers".
+  item.querySelector(".title").textContent = (source.title || source.id).replace(/^"(.*)"$/, "$1");
   item.querySelector(".score").textContent = number(source.score);
   const cosine = typeof source.cosine === "number" ? source.cosine : 0;
   const norm = typeof source.document_norm === "number" ? source.document_norm : 0;
