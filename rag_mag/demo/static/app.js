@@ -142,6 +142,15 @@ function makePanel(name) {
       if (result.queue_ms >= 50) parts.push(`waited ${duration(result.queue_ms)} for a free slot`);
       timing.textContent = parts.join(" · ");
       timing.dataset.latencyMs = String(result.latency_ms);
+      if (Array.isArray(result.queries) && result.queries.length > 1) {  // a multi-hop pipeline's search rounds
+        const queries = node.querySelector(".queries");
+        queries.replaceChildren(...result.queries.map((query, round) => {
+          const item = document.createElement("li");
+          item.textContent = `round ${round + 1}: ${query}`;
+          return item;
+        }));
+        queries.hidden = false;
+      }
       panel.setSources(result.sources);
       panel.setState("done");
     },
@@ -164,6 +173,11 @@ function makePanel(name) {
 
 function sourceItem(source, normScale, others) {
   const item = byId("source-template").content.firstElementChild.cloneNode(true);
+  if (source.hop) {
+    const hop = item.querySelector(".hop");
+    hop.textContent = `round ${source.hop}`;
+    hop.hidden = false;
+  }
   const elsewhere = item.querySelector(".elsewhere");
   elsewhere.textContent = others.map((other) => {
     const rank = other.ranks.get(source.id);
