@@ -127,7 +127,8 @@ def create_app(service: DemoService) -> FastAPI:
                 await loaded.pipeline.close_async()
             executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="rag-mag demo", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # No /docs: Swagger UI loads from a CDN, which this demo must not need. The schema is at /openapi.json.
+    app = FastAPI(title="rag-mag demo", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 

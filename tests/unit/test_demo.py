@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from rag_mag.demo.app import create_app
 from rag_mag.demo.indexes import IndexSpec, discover_indexes, parse_index_spec
 from rag_mag.demo.loading import answer_generators, guard_embedders, load_index
+from rag_mag.demo.openai_api import question_of
 from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService, RequestError
 from rag_mag.errors import ConfigError
 from rag_mag.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
@@ -128,6 +129,19 @@ def test_good_requests_pass(service):
     question, loaded, top_k = service.validate("  " + "x" * MAX_QUESTION_CHARS + " ")
     assert len(question) == MAX_QUESTION_CHARS and loaded.spec.name == "qnorm" and top_k == 4  # capped at max_top_k
     assert service.validate("who?", "cosine", 2)[1:] == (service.indexes["cosine"], 2)
+
+
+def test_the_question_is_the_last_user_message():
+    assert question_of({"messages": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "a"},
+                                     {"role": "user", "content": "second"}, {"role": "assistant", "content": ""}]}) \
+        == "second"
+    parts = [{"type": "text", "text": "who wrote"}, {"type": "image_url", "image_url": {}}, {"type": "text",
+                                                                                           "text": "Hamlet?"}]
+    assert question_of({"messages": [{"role": "user", "content": parts}]}) == "who wrote\nHamlet?"
+    for body in ({}, {"messages": []}, {"messages": [{"role": "system", "content": "x"}]},
+                 {"messages": [{"role": "user", "content": 3}]}):
+        with pytest.raises(RequestError):
+            question_of(body)
 
 
 # ------------------------------------------------------------------------------------------ HTTP
