@@ -39,12 +39,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "did (score = cosine x query norm x document norm), cosine and qnorm side by side; a JSON API "
                     "(POST /api/ask) and an OpenAI-compatible endpoint (POST /v1/chat/completions, model = index). "
                     "By default it serves every index built under artifacts/ (rag-mag quickstart --train-only "
-                    "builds qnorm and cosine), named by strategy.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
-    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port to bind")
+                    "builds qnorm and cosine), named by strategy.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port to bind (default %(default)s)")
     parser.add_argument("--pipeline", default=str(default_pipeline("rag")),
-                        help="RAG pipeline YAML, loaded once per index (e.g. pipelines/rag_multihop.yaml)")
+                        help="RAG pipeline YAML, loaded once per index (default pipelines/rag.yaml; e.g. "
+                             "pipelines/rag_multihop.yaml)")
     parser.add_argument("--index", dest="indexes", action="append", default=[],
                         metavar="NAME=INDEX_DIR:RETRIEVER_DIR",
                         help="an index to serve and the retriever that built it (repeatable; default: every "
@@ -52,11 +52,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--llm-url", default=None,
                         help="vLLM server base URL (default: $RAG_MAG_VLLM_URL, else http://127.0.0.1:8000/v1)")
     parser.add_argument("--max-concurrency", type=_positive, default=8,
-                        help="questions answered at once (and so requests in flight to vLLM); more wait")
+                        help="questions answered at once, so requests in flight to vLLM (default %(default)s); "
+                             "more wait")
     parser.add_argument("--max-waiting", type=_positive, default=256,
-                        help="questions that may wait for a slot; beyond that the demo answers 503 busy")
+                        help="questions that may wait for a slot (default %(default)s); beyond that the demo "
+                             "answers 503 busy")
     parser.add_argument("--max-top-k", type=_positive, default=DEFAULT_MAX_TOP_K,
-                        help="largest top_k a request may ask for (the prompt must fit the model's context)")
+                        help="largest top_k a request may ask for (default %(default)s; the prompt must fit the "
+                             "model's context)")
     parser.add_argument("--start-llm", action="store_true",
                         help="start the vLLM server if it is not running (and stop it when the demo stops)")
     return parser

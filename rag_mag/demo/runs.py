@@ -35,16 +35,18 @@ def _milliseconds(since: float, until: float | None = None) -> float:
 
 
 class PipelineRun:
-    """Runs ``question`` once on ``loaded``; ``started`` is when the request arrived (for the latency)."""
+    """Runs ``question`` once on ``loaded``; ``started`` is when the request arrived (for the latency) and
+    ``queued`` when it began to wait for a free slot (for the time it waited)."""
 
     def __init__(self, loaded: LoadedIndex, question: str, top_k: int, generation_kwargs: dict[str, Any],
-                 *, started: float | None = None) -> None:
+                 *, started: float | None = None, queued: float | None = None) -> None:
         self.loaded = loaded
         self.question = question
         self.top_k = top_k
         self.generation_kwargs = generation_kwargs
-        self.started = time.perf_counter() if started is None else started
         self.admitted = time.perf_counter()
+        self.started = self.admitted if started is None else started
+        self.queued = self.started if queued is None else queued
         self.retrieved_at: float | None = None
         self.first_token_at: float | None = None
 
@@ -147,7 +149,7 @@ class PipelineRun:
             index=self.loaded.spec.name, strategy=self.loaded.strategy, top_k=self.top_k,
             model=reply_meta.get("model") or self.loaded.llm_model, finish_reason=reply_meta.get("finish_reason"),
             usage=reply_meta.get("usage") or None, latency_ms=_milliseconds(self.started, finished),
-            queue_ms=_milliseconds(self.started, self.admitted),
+            queue_ms=_milliseconds(self.queued, self.admitted),
             retrieval_ms=_milliseconds(self.started, self.retrieved_at) if self.retrieved_at else None,
             first_token_ms=_milliseconds(self.started, self.first_token_at) if self.first_token_at else None)
         return report

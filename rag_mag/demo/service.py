@@ -161,8 +161,9 @@ class DemoService:
         generation_kwargs = self.generation_kwargs(max_tokens, temperature)
         started = time.perf_counter()
         await self.check_llm()
+        queued = time.perf_counter()
         async with self._slot():
-            run = PipelineRun(loaded, question, top_k, generation_kwargs, started=started)
+            run = PipelineRun(loaded, question, top_k, generation_kwargs, started=started, queued=queued)
             try:
                 async for event in run.events():
                     yield event
