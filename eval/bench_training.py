@@ -5,6 +5,7 @@ HotpotQA triples (one positive + one hard negative per query), with the same bat
 lengths, thread count, precision and similarity (the strategy is given to MNRL as its
 ``similarity_fct``; scale = 1 / temperature). Each system runs in its own subprocess so that peak
 memory (max RSS) is its own. Printed: seconds per step, pairs per second, peak RSS, and the ratios.
+"rag-mag-unbucketed" is rag-mag with ``length_bucket_size=0`` (one padded batch per side), to show what the buckets buy.
 
     .venv/bin/python eval/bench_training.py --steps 8 --warmup 2 --batch-size 32
 """
@@ -21,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+SYSTEMS = ("sentence-transformers", "rag-mag", "rag-mag-unbucketed")
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "sample" / "train_triples.jsonl"
 
 
@@ -35,7 +37,8 @@ def run_rag_mag(args: argparse.Namespace) -> dict:
     config = TrainConfig(strategy=args.strategy, train_data=args.data, out="/tmp/bench-training-unused",
                          batch_size=args.batch_size, hard_negatives=1, steps=args.steps + args.warmup,
                          query_max_length=args.query_max_length, document_max_length=args.document_max_length,
-                         bf16=args.bf16, val_fraction=0.0, calibrate_norms=False)
+                         bf16=args.bf16, val_fraction=0.0, calibrate_norms=False,
+                         length_bucket_size=0 if args.system == "rag-mag-unbucketed" else args.bucket_size)
     trainer = Trainer(config)
     train, _ = trainer._load_data()
     encoder = MagnitudeEncoder.build(None, config.strategy, "mean", config.query_max_length,
@@ -97,7 +100,7 @@ def child(args: argparse.Namespace) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = (run_rag_mag if args.system == "rag-mag" else run_sentence_transformers)(args)
+    result = (run_sentence_transformers if args.system == "sentence-transformers" else run_rag_mag)(args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
 
@@ -106,7 +109,8 @@ def run_child(args: argparse.Namespace, system: str, precision: str) -> dict:
     command = [sys.executable, __file__, "--system", system, "--data", args.data, "--strategy", args.strategy,
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
                "--query-max-length", str(args.query_max_length),
-               "--document-max-length", str(args.document_max_length), "--threads", str(args.threads)]
+               "--document-max-length", str(args.document_max_length), "--threads", str(args.threads),
+               "--bucket-size", str(args.bucket_size)]
     if precision == "bf16":
         command.append("--bf16")
     output = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -130,7 +134,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternate the two systems this many times and keep each one's median (noisy CPU)")
-    parser.add_argument("--system", choices=["rag-mag", "sentence-transformers"], help=argparse.SUPPRESS)
+    parser.add_argument("--bucket-size", type=int, default=16, help="rag-mag's length_bucket_size")
+    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.system:
@@ -139,15 +144,15 @@ def main() -> None:
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     rows = []
     for precision in precisions:
-        for system in ("sentence-transformers", "rag-mag"):
+        for system in SYSTEMS:
             rows.append({"system": system, "precision": precision, "runs": []})
-        for _ in range(args.rounds):  # ABAB: drift in machine load hits both systems alike
-            for row in rows[-2:]:
+        for _ in range(args.rounds):  # ABCABC: drift in machine load hits every system alike
+            for row in rows[-len(SYSTEMS):]:
                 result = run_child(args, row["system"], precision)
                 row["runs"].append(result)
                 print(f"{row['system']:>22} {precision}: {result['seconds_per_step']:.2f} s/step, "
                       f"peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
-        for row in rows[-2:]:
+        for row in rows[-len(SYSTEMS):]:
             row["seconds_per_step"] = statistics.median(r["seconds_per_step"] for r in row["runs"])
             row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in row["runs"])
             row["pairs_per_second"] = args.batch_size / row["seconds_per_step"]
@@ -155,12 +160,13 @@ def main() -> None:
           f"{args.batch_size} hard negatives, max lengths {args.query_max_length}/{args.document_max_length}, "
           f"{args.threads} threads, {args.steps} timed steps after {args.warmup} warm-up")
     for precision in precisions:
-        ours = next(r for r in rows if r["system"] == "rag-mag" and r["precision"] == precision)
         theirs = next(r for r in rows if r["system"] == "sentence-transformers" and r["precision"] == precision)
-        print(f"{precision}: rag-mag / sentence-transformers throughput ratio = "
-              f"{ours['pairs_per_second'] / theirs['pairs_per_second']:.2f}x, "
-              f"peak memory ratio = {ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x "
-              f"({ours['pairs_per_second']:.1f} vs {theirs['pairs_per_second']:.1f} pairs/s)")
+        for system in SYSTEMS[1:]:
+            ours = next(r for r in rows if r["system"] == system and r["precision"] == precision)
+            print(f"{precision}: {system} / sentence-transformers throughput ratio = "
+                  f"{ours['pairs_per_second'] / theirs['pairs_per_second']:.2f}x, "
+                  f"peak memory ratio = {ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x "
+                  f"({ours['pairs_per_second']:.1f} vs {theirs['pairs_per_second']:.1f} pairs/s)")
     print(json.dumps(rows))
 
 

@@ -48,6 +48,8 @@ class TrainConfig:
     weight_decay: float = _f(0.01, "AdamW weight decay (not applied to biases, LayerNorm or degrees)")
     warmup_ratio: float = _f(0.1, "share of steps with linear warm-up before the cosine decay")
     max_grad_norm: float = _f(1.0, "gradient clipping norm")
+    length_bucket_size: int = _f(16, "encode each step's texts in length-sorted chunks of this size, each padded "
+                                     "to its own longest text (0: one padded batch per side)")
     bf16: bool = _f(False, "train under torch.autocast(cpu, bfloat16): faster on CPUs with avx512_bf16")
     seed: int = _f(0, "random seed (data order, sampling, initialization of nothing else)")
     eval_every: int = _f(50, "validate every N steps (0: only at the end)")
@@ -63,7 +65,7 @@ class TrainConfig:
         for name in positive_ints:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("hard_negatives", "eval_every", "threads"):
+        for name in ("hard_negatives", "eval_every", "threads", "length_bucket_size"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
         for name in ("temperature", "learning_rate", "gamma_learning_rate", "max_grad_norm"):

@@ -168,11 +168,28 @@ class MagnitudeEncoder(torch.nn.Module):
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (batch, tokens, 1)
         return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
 
-    def embed_queries(self, texts: Sequence[str]) -> torch.Tensor:
-        return self.pool(self.tokenize(texts, self.config.query_max_length))
+    def embed_queries(self, texts: Sequence[str], bucket_size: int = 0) -> torch.Tensor:
+        return self.embed_bucketed(texts, self.config.query_max_length, bucket_size)
 
-    def embed_documents(self, texts: Sequence[str]) -> torch.Tensor:
-        return self.pool(self.tokenize(texts, self.config.document_max_length))
+    def embed_documents(self, texts: Sequence[str], bucket_size: int = 0) -> torch.Tensor:
+        return self.embed_bucketed(texts, self.config.document_max_length, bucket_size)
+
+    def embed_bucketed(self, texts: Sequence[str], max_length: int, bucket_size: int = 0) -> torch.Tensor:
+        """Raw pooled embeddings (n, dim), differentiable, in the order given.
+
+        With ``bucket_size`` > 0 the texts are sorted by token length and run in chunks of that size, each
+        padded only to its own longest text: most tokens of a mixed batch are otherwise padding.
+        """
+        texts = list(texts)
+        if bucket_size <= 0 or len(texts) <= bucket_size:
+            return self.pool(self.tokenize(texts, max_length))
+        lengths = [len(ids) for ids in self.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
+        order = sorted(range(len(texts)), key=lengths.__getitem__)
+        chunks = [self.pool(self.tokenize([texts[i] for i in order[start:start + bucket_size]], max_length))
+                  for start in range(0, len(texts), bucket_size)]
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return torch.cat(chunks)[inverse]
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], side: str, batch_size: int = 64, treated: bool = True,

@@ -289,8 +289,9 @@ class Trainer:
         batch = make_batch(train, step, self.config)
         documents = [positive for _, positive, _ in batch] + [n for _, _, negatives in batch for n in negatives]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.bf16):
-            raw_queries = encoder.embed_queries([triple.query for triple, _, _ in batch])  # (batch, dim)
-            raw_documents = encoder.embed_documents([d.content for d in documents])  # (n_docs, dim)
+            bucket = self.config.length_bucket_size
+            raw_queries = encoder.embed_queries([triple.query for triple, _, _ in batch], bucket)  # (batch, dim)
+            raw_documents = encoder.embed_documents([d.content for d in documents], bucket)  # (n_docs, dim)
         raw_queries, raw_documents = raw_queries.float(), raw_documents.float()
         queries = encoder.treat_queries(raw_queries)
         treated_documents = encoder.treat_documents(raw_documents)

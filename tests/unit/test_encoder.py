@@ -89,3 +89,14 @@ def test_save_replaces_an_existing_checkpoint_atomically(tmp_path):
     assert leftovers == []
     np.testing.assert_array_equal(MagnitudeEncoder.load(tmp_path / "checkpoint").encode(TEXTS, "query"),
                                   second.encode(TEXTS, "query"))
+
+
+def test_length_buckets_give_the_same_embeddings_and_gradients(tmp_path):
+    encoder = tiny_encoder(tmp_path)
+    encoder.eval()  # no dropout, so both paths compute the same function
+    texts = TEXTS * 3 + ["a much longer text about the war in the ocean and the mountain city of rome in italy"]
+    one_batch = encoder.embed_documents(texts)
+    bucketed = encoder.embed_documents(texts, bucket_size=4)
+    torch.testing.assert_close(bucketed, one_batch, atol=1e-5, rtol=1e-4)
+    bucketed.sum().backward()
+    assert all(p.grad is not None for p in encoder.model.embeddings.parameters() if p.requires_grad)
