@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,6 +70,9 @@ class MagnitudeEncoder(torch.nn.Module):
         self.tokenizer = tokenizer
         self.config = config
         self.degrees = DegreeParameters(config.strategy, config.query_degree, config.document_degree)
+        # One encoder is shared by every embedder of a process (the demo serves requests from many
+        # threads), and a fast tokenizer must not be used by two threads at once.
+        self._inference_lock = threading.Lock()
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -201,7 +205,10 @@ class MagnitudeEncoder(torch.nn.Module):
         """
         if side not in ("query", "document"):
             raise ValueError(f"side must be 'query' or 'document', got {side!r}")
-        texts = list(texts)
+        with self._inference_lock:
+            return self._encode(list(texts), side, batch_size, treated, show_progress)
+
+    def _encode(self, texts: list[str], side: str, batch_size: int, treated: bool, show_progress: bool) -> np.ndarray:
         dim = self.model.config.hidden_size
         if not texts:
             return np.zeros((0, dim), dtype=np.float32)

@@ -40,6 +40,13 @@ START_HINT = "start it with `rag-mag serve-llm`"
 
 
 # ---------------------------------------------------------------------------------------------- settings
+def start_hint(url: str) -> str:
+    """How to start a server at ``url``: the port goes inside the command."""
+    if url == DEFAULT_API_BASE_URL:
+        return START_HINT
+    return f"start it with `rag-mag serve-llm --port {parse_api_base_url(url).port}`"
+
+
 def default_api_base_url() -> str:
     """Base URL of the generation server: ``$RAG_MAG_VLLM_URL`` or ``http://127.0.0.1:8000/v1``."""
     return normalize_api_base_url(os.environ.get(URL_ENV) or DEFAULT_API_BASE_URL)
@@ -526,8 +533,7 @@ def check_server(api_base_url: str | None = None, *, model: str | None = None, t
         ) from None
     except httpx.TransportError as error:
         raise ServerNotRunningError(
-            f"no vLLM server at {url} ({type(error).__name__}: {error}); {START_HINT}"
-            f"{'' if url == DEFAULT_API_BASE_URL else f' --port {parse_api_base_url(url).port}'}"
+            f"no vLLM server at {url} ({type(error).__name__}: {error}); {start_hint(url)}"
             f", or point api_base_url / {URL_ENV} at a running server"
         ) from None
     if response.status_code == 401:

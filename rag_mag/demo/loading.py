@@ -1,18 +1,13 @@
 """Loading the demo's pipelines: one RAG pipeline per index, built from the same YAML and warmed up once.
 
 Thread safety: the query encoder of one checkpoint is shared by every pipeline that uses it (see
-``rag_mag.components.checkpoints``) and its fast tokenizer must not be called from two threads at once,
-so each RagMagTextEmbedder's ``run`` is serialized by one lock per encoder (``guard_embedders``). The
+``rag_mag.components.checkpoints``); ``MagnitudeEncoder.encode`` serializes its callers itself. The
 retriever only reads its FAISS index; prompt and answer builders keep no state.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import threading
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,36 +33,6 @@ class LoadedIndex:
 
 
 # ------------------------------------------------------------------------------------------ loading
-_encoder_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
-_encoder_locks_guard = threading.Lock()
-
-
-def encoder_lock(encoder: Any) -> threading.Lock:
-    """The one lock of a (shared) query encoder."""
-    with _encoder_locks_guard:
-        return _encoder_locks.setdefault(encoder, threading.Lock())
-
-
-def guard_embedders(pipeline) -> int:
-    """Serialize every RagMagTextEmbedder of a warmed-up pipeline on its encoder's lock; return how many."""
-    from rag_mag.components.text_embedder import RagMagTextEmbedder
-
-    guarded = 0
-    for _, instance in pipeline.walk():
-        if not isinstance(instance, RagMagTextEmbedder) or getattr(instance.run, "rag_mag_lock", None):
-            continue
-        lock = encoder_lock(instance.checkpoint.encoder)
-        unguarded = instance.run
-
-        @functools.wraps(unguarded)
-        def run(*args: Any, _run: Callable = unguarded, _lock: threading.Lock = lock, **kwargs: Any) -> Any:
-            with _lock:
-                return _run(*args, **kwargs)
-
-        run.rag_mag_lock = lock  # type: ignore[attr-defined]
-        instance.run = run  # the pipeline looks up instance.run, so this one is called
-        guarded += 1
-    return guarded
 
 
 def _components_of(pipeline, class_name: str) -> list[str]:
@@ -117,7 +82,6 @@ def load_index(spec: IndexSpec, pipeline_path: str | Path, llm_url: str) -> Load
             f"index {spec.name!r}: {spec.index_dir} was built with retriever checkpoint {indexed_with}, but "
             f"{spec.retriever_dir} is {embedder.checkpoint.fingerprint}; pair the index with the retriever that "
             "built it, or re-index with `rag-mag index`")
-    guard_embedders(pipeline)
     generators = answer_generators(pipeline)
     loaded = LoadedIndex(spec=spec, pipeline=pipeline, strategy=embedder.checkpoint.strategy,
                          documents=store.count_documents(), top_k=pipeline.get_component(retrievers[0]).top_k,

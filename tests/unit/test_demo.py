@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from rag_mag.demo.app import create_app
 from rag_mag.demo.indexes import IndexSpec, discover_indexes, parse_index_spec
-from rag_mag.demo.loading import answer_generators, guard_embedders, load_index
+from rag_mag.demo.loading import answer_generators, load_index
 from rag_mag.demo.openai_api import question_of
 from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService, RequestError
 from rag_mag.errors import ConfigError
@@ -199,10 +199,9 @@ def test_openai_endpoint_errors(client):
 
 
 # ------------------------------------------------------------------------------------------ threads
-def test_guarded_embedder_is_safe_from_many_threads(built):
+def test_shared_embedder_is_safe_from_many_threads(built):
     pipeline = load_pipeline(RAG, {"index": str(built["qnorm"][0]), "retriever": str(built["qnorm"][1])})
     pipeline.warm_up()
-    assert guard_embedders(pipeline) == 1 and guard_embedders(pipeline) == 0  # idempotent
     embedder = pipeline.get_component("text_embedder")
     texts = [f"what is the capital of {word} city" * (1 + i % 3) for i, word in enumerate(
         ["france", "germany", "italy", "england"] * 6)]
