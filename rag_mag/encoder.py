@@ -197,15 +197,17 @@ class MagnitudeEncoder(torch.nn.Module):
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], side: str, batch_size: int = 64, treated: bool = True,
-               show_progress: bool = False) -> np.ndarray:
+               show_progress: bool = False, bf16: bool = False) -> np.ndarray:
         """Embed many texts for inference: (n, dim) float32, in the order given.
 
         Texts are sorted by length so each batch holds similar lengths (little padding), then the
-        original order is restored. ``treated=False`` returns the raw pooled vectors.
+        original order is restored. ``treated=False`` returns the raw pooled vectors. ``bf16`` runs the
+        transformer under CPU bfloat16 autocast: about 2.8x faster on CPUs with avx512_bf16, with
+        embeddings within 1e-4 in cosine and 0.5% in norm of fp32 (eval/README.md).
         """
         if side not in ("query", "document"):
             raise ValueError(f"side must be 'query' or 'document', got {side!r}")
-        with self._inference_lock:
+        with self._inference_lock, torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return self._encode(list(texts), side, batch_size, treated, show_progress)
 
     def _encode(self, texts: list[str], side: str, batch_size: int, treated: bool, show_progress: bool) -> np.ndarray:

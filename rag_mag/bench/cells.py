@@ -25,14 +25,15 @@ def _documents(dataset: EvalDataset) -> list[Document]:
     return [Document(id=p.id, content=p.text, meta={"title": p.title}) for p in dataset.corpus]
 
 
-def dense_retrieve(dataset: EvalDataset, checkpoint: Path, top_k: int) -> tuple[list[list[Document]], dict]:
+def dense_retrieve(dataset: EvalDataset, checkpoint: Path, top_k: int, bf16: bool = False,
+                   ) -> tuple[list[list[Document]], dict]:
     """Rank the dataset's corpus for each question; also return raw norms for the diagnostics."""
     from rag_mag.components.document_embedder import RAW_NORM_KEY, RagMagDocumentEmbedder
     from rag_mag.components.faiss_document_store import FAISSDocumentStore
     from rag_mag.components.faiss_retriever import FAISSEmbeddingRetriever
     from rag_mag.components.text_embedder import RagMagTextEmbedder
 
-    document_embedder = RagMagDocumentEmbedder(model=str(checkpoint), batch_size=64, progress_bar=True)
+    document_embedder = RagMagDocumentEmbedder(model=str(checkpoint), batch_size=64, progress_bar=True, bf16=bf16)
     document_embedder.warm_up()
     embedded = document_embedder.run(_documents(dataset))["documents"]
     store = FAISSDocumentStore()
@@ -67,7 +68,7 @@ def evaluate_cell(dataset: EvalDataset, system, generator, config: BenchConfig) 
     if system.name == "bm25":
         ranked = bm25_retrieve(dataset, config.retrieval_top_k)
     elif system.checkpoint is not None:
-        ranked, norms = dense_retrieve(dataset, system.checkpoint, config.retrieval_top_k)
+        ranked, norms = dense_retrieve(dataset, system.checkpoint, config.retrieval_top_k, config.encode_bf16)
         relevant = dataset.relevant_passage_mask()
         cell["diagnostics"] = {
             "document_norm_cohens_d": cohens_d(norms["document_raw"][relevant], norms["document_raw"][~relevant]),

@@ -41,6 +41,7 @@ class BenchConfig:
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields; train_data may be a list
     mine: dict[str, Any] = field(default_factory=dict)  # MineConfig fields (empty: no mining)
     retrieval_top_k: int = 20
+    encode_bf16: bool = False  # encode corpora under bfloat16 autocast (faster on avx512_bf16 CPUs)
     rag_top_k: int = 3
     pipeline: str = "pipelines/rag.yaml"  # its prompt_builder and llm generate the answers
     llm_url: str | None = None  # default: RAG_MAG_VLLM_URL or http://127.0.0.1:8000/v1

@@ -100,3 +100,12 @@ def test_length_buckets_give_the_same_embeddings_and_gradients(tmp_path):
     torch.testing.assert_close(bucketed, one_batch, atol=1e-5, rtol=1e-4)
     bucketed.sum().backward()
     assert all(p.grad is not None for p in encoder.model.embeddings.parameters() if p.requires_grad)
+
+
+def test_bf16_encoding_stays_close_to_fp32(tmp_path):
+    encoder = tiny_encoder(tmp_path, "qnorm")
+    full = encoder.encode(TEXTS, "document", treated=False)
+    half = encoder.encode(TEXTS, "document", treated=False, bf16=True)
+    cosines = (full * half).sum(1) / (np.linalg.norm(full, axis=1) * np.linalg.norm(half, axis=1))
+    assert cosines.min() > 0.995
+    np.testing.assert_allclose(np.linalg.norm(half, axis=1), np.linalg.norm(full, axis=1), rtol=0.03)
