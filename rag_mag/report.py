@@ -471,7 +471,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 # ------------------------------------------------------------------------------ markdown
 def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Mapping], findings: Sequence[Mapping],
                     config: Mapping, environment: Mapping, plots: Sequence[Path], baseline: str = "cosine",
-                    notes: Sequence[str] = ()) -> str:
+                    notes: Sequence[str] = (), sections: Sequence[str] = ()) -> str:
     datasets = list(dict.fromkeys(cell.dataset for cell in cells))
     systems = _order([cell.system for cell in cells])
     by_key = {(cell.dataset, cell.system): cell for cell in cells}
@@ -571,6 +571,7 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
     captions = {"em_f1": "EM and F1 per strategy and dataset, 95% CI bars",
                 "document_norms": "raw document norms, relevant against irrelevant passages",
                 "recall_at_k": "recall@k curves"}
+    lines += [section.rstrip() + "\n" for section in sections]
     lines += ["## Plots", ""]
     for path in plots:
         lines += [f"{captions.get(path.stem, path.stem)}:", "", f"![{path.stem}]({path.name})", ""]
@@ -712,6 +713,7 @@ def write_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], *, config:
                  environment: Mapping | None = None, per_example: Mapping | None = None,
                  norms: Mapping | None = None, in_domain: Sequence[str] = (), baseline: str = "cosine",
                  title: str | None = None, command: Sequence[str] | str | None = None, notes: Sequence[str] = (),
+                 sections: Sequence[str] = (), extra: Mapping | None = None,
                  n_resamples: int = 2000, n_permutations: int = 10000, seed: int = 0) -> ReportFiles:
     """Write ``results.json``, ``report.md`` and the plots into ``out_dir`` (see the module docstring)."""
     if not rows:
@@ -727,11 +729,11 @@ def write_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], *, config:
                                plot_recall(cells, out / "recall_at_k.png")) if plot is not None]
     results = {"config": dict(config or {}), "environment": environment, "results": list(rows),
                "aggregates": [cell.to_dict() for cell in cells], "comparisons": comparisons, "findings": findings,
-               "in_domain": list(in_domain), "plots": [plot.name for plot in plots]}
+               "in_domain": list(in_domain), "plots": [plot.name for plot in plots], **dict(extra or {})}
     results_path, report_path = out / "results.json", out / "report.md"
     _write_atomic(results_path, json.dumps(_json_safe(results), indent=2, allow_nan=False).encode("utf-8"))
     markdown = render_markdown(title or out.name, cells, comparisons, findings, config or {}, environment, plots,
-                               baseline=baseline, notes=notes)
+                               baseline=baseline, notes=notes, sections=sections)
     _write_atomic(report_path, markdown.encode("utf-8"))
     logger.info("report written to %s (%d rows, %d plots)", out, len(rows), len(plots))
     return ReportFiles(results_json=results_path, report_md=report_path, plots=tuple(plots))

@@ -216,8 +216,8 @@ class Trainer:
             for passage in (*triple.positives, *triple.hard_negatives):
                 pool.setdefault(passage.id, passage)
         ids = list(pool)
-        documents = encoder.encode([pool[i].content for i in ids], "document")
-        queries = encoder.encode([t.query for t in validation], "query")
+        documents = encoder.encode([pool[i].content for i in ids], "document", bf16=self.config.bf16)
+        queries = encoder.encode([t.query for t in validation], "query", bf16=self.config.bf16)
         scores = queries @ documents.T
         top = np.argsort(-scores, axis=1)[:, :20]
         judgements = [judge_supporting([ids[j] for j in row], [p.id for p in triple.positives])

@@ -159,6 +159,7 @@ class BenchRunner:
         datasets = self.load_datasets()
         train_file = self.prepare_training_data(datasets)
         systems = self.train_systems(train_file) + self.baseline_systems()
+        self.systems = systems
         cells = []
         with llm_server(self.config) as llm_url:
             generator = BenchGenerator(resolve_path(self.config.pipeline), llm_url,
@@ -174,7 +175,8 @@ class BenchRunner:
         return write_outputs(self, cells, predictors, datasets)
 
     def _cell(self, dataset: EvalDataset, system: System, generator, evaluate_cell, number: int, total: int) -> dict:
-        key = fingerprint(CELL_FORMAT, self.config.encode_bf16, self.config.retrieval_top_k, self.config.rag_top_k, self.config.max_tokens,
+        key = fingerprint(CELL_FORMAT, self.config.encode_bf16, self.config.retrieval_top_k, self.config.rag_top_k,
+                          self.config.max_tokens,
                           generator.model, str(system.checkpoint), [r.id for r in dataset.records],
                           len(dataset.corpus), file_digest(resolve_path(self.config.pipeline)))
         path = self.cells_dir / f"{dataset.name}__{system.label}.json"
