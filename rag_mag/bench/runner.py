@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +21,8 @@ import numpy as np
 from rag_mag.bench.config import BenchConfig, file_digest, fingerprint, resolve_path
 from rag_mag.data import read_triples, write_jsonl
 from rag_mag.datasets import EvalDataset, data_root, load_eval_dataset, parse_dataset_arg
-from rag_mag.models import REPO_ROOT, artifacts_dir
+from rag_mag.errors import ConfigError
+from rag_mag.models import artifacts_dir
 
 logger = logging.getLogger(__name__)
 CELL_FORMAT = 2  # bump when a cell's content changes, so that older cells are recomputed
@@ -67,7 +65,7 @@ class BenchRunner:
 
         files = [resolve_path(f, self.root) for f in self.config.train_files()]
         if not files:
-            raise_config("the benchmark config has no train.train_data")
+            raise ConfigError("the benchmark config has no train.train_data")
         mined = self._mine(datasets) if self.config.mine else None
         parts = files + ([mined] if mined else [])
         key = fingerprint([file_digest(p) for p in parts])
@@ -169,7 +167,9 @@ class BenchRunner:
             for dataset in datasets.values():
                 for system in systems:
                     cells.append(self._cell(dataset, system, generator, evaluate_cell, len(cells) + 1, total))
-        predictors = self._predictors(datasets, systems, train_file)
+        from rag_mag.bench.cells import side_predictors
+
+        predictors = side_predictors(datasets, train_file, self.config)
         from rag_mag.bench.summary import write_outputs
 
         return write_outputs(self, cells, predictors, datasets)
@@ -193,35 +193,11 @@ class BenchRunner:
         write_jsonl_atomic(path, cell)
         return cell
 
-    def _predictors(self, datasets: dict[str, EvalDataset], systems: list[System], train_file: Path) -> dict:
-        """The paper's side selectors on the base model (before fine-tuning), per dataset and on training data."""
-        from rag_mag.bench.cells import side_predictors
-
-        return side_predictors(datasets, train_file, self.config)
-
     def environment(self) -> dict[str, Any]:
-        import importlib.metadata as metadata
+        from rag_mag.report import collect_environment
 
-        packages = {}
-        for name in ("torch", "transformers", "haystack-ai", "vllm-haystack", "faiss-cpu", "datasets", "evaluate",
-                     "bm25s", "numpy"):
-            try:
-                packages[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                packages[name] = None
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                                    check=True).stdout.strip()
-            dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True,
-                                        text=True).stdout.strip())
-        except (OSError, subprocess.CalledProcessError):
-            commit, dirty = None, None
-        import os
-
-        return {"command": self.command, "config_file": self.config_path, "git_commit": commit, "git_dirty": dirty,
-                "python": sys.version.split()[0], "platform": platform.platform(),
-                "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-                "packages": packages, "llm": self.config.pipeline}
+        return collect_environment(self.command, extra={"config_file": self.config_path,
+                                                        "pipeline": self.config.pipeline})
 
 
 def write_jsonl_atomic(path: Path, record: dict) -> None:
@@ -239,9 +215,3 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"cannot serialize {type(value).__name__}")
-
-
-def raise_config(message: str) -> None:
-    from rag_mag.errors import ConfigError
-
-    raise ConfigError(message)
