@@ -46,12 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
-        try:
-            module = importlib.import_module(f"rag_mag.cli.{module_name}")
-        except ModuleNotFoundError as error:
-            if error.name == f"rag_mag.cli.{module_name}":
-                continue  # not built yet
-            raise
+        module = importlib.import_module(f"rag_mag.cli.{module_name}")
         sub = module.add_parser(subparsers)
         sub.set_defaults(handler=module.run)
     return parser
