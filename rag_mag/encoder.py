@@ -105,9 +105,7 @@ class MagnitudeEncoder(torch.nn.Module):
         """Load a checkpoint folder written by ``save``; fails clearly if it is missing or corrupt."""
         from transformers import AutoModel, AutoTokenizer
 
-        folder = Path(path)
-        if not (folder / CONFIG_NAME).exists() and (folder / "best" / CONFIG_NAME).is_file():
-            folder = folder / "best"  # a training output folder: use its best checkpoint
+        folder = resolve_checkpoint_dir(path)
         config_file = folder / CONFIG_NAME
         if not folder.is_dir():
             raise CheckpointError(f"retriever checkpoint {folder} does not exist; train one with "
@@ -232,6 +230,14 @@ class MagnitudeEncoder(torch.nn.Module):
             output[index] = vectors.numpy()
         self.train(was_training)
         return output
+
+
+def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
+    """The checkpoint folder itself, or the ``best/`` checkpoint of a training output folder."""
+    folder = Path(path).expanduser().resolve()
+    if not (folder / CONFIG_NAME).exists() and (folder / "best" / CONFIG_NAME).is_file():
+        return folder / "best"
+    return folder
 
 
 def replace_dir(staging: Path, target: Path) -> None:

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag_mag.encoder import CONFIG_NAME, MagnitudeEncoder
+from rag_mag.encoder import CONFIG_NAME, MagnitudeEncoder, resolve_checkpoint_dir
 from rag_mag.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -52,14 +52,6 @@ def _stamp(folder: Path) -> tuple:
     except FileNotFoundError as error:
         raise CheckpointError(f"retriever checkpoint {folder} is incomplete: {error.filename} is missing; "
                               "train one with `rag-mag train --out DIR` or pass the right folder") from None
-
-
-def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
-    """The checkpoint folder itself, or the ``best/`` checkpoint of a training output folder."""
-    folder = Path(path).expanduser().resolve()
-    if not (folder / CONFIG_NAME).exists() and (folder / "best" / CONFIG_NAME).is_file():
-        return folder / "best"
-    return folder
 
 
 def checkpoint_fingerprint(path: str | os.PathLike) -> str:
