@@ -13,7 +13,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,21 +97,14 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
-    """Write records atomically (temporary file, then rename). Returns the number written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
-                                         suffix=".tmp", delete=False)
+    """Write records atomically and durably (rag_mag.durable). Returns the number written."""
+    from rag_mag import durable
+
     count = 0
-    try:
-        with handle:
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
+    with durable.atomic_write(path) as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
     return count
 
 
