@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from rag_mag.encoder import EncoderConfig, MagnitudeEncoder
-from rag_mag.strategies import initial_degrees
+from rag_mag.retriever.encoder import EncoderConfig, MagnitudeEncoder
+from rag_mag.retriever.strategies import initial_degrees
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -25,14 +25,16 @@ def tiny_tokenizer(folder: Path):
     return BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, do_lower_case=True)
 
 
-def tiny_encoder(folder: Path, strategy: str = "cosine", seed: int = 0, hidden_size: int = 32) -> MagnitudeEncoder:
-    """A 2-layer, 32-dim BERT with random weights, wrapped as a MagnitudeEncoder."""
+def tiny_encoder(folder: Path, strategy: str = "cosine", seed: int = 0, hidden_size: int = 32,
+                 dropout: float = 0.1) -> MagnitudeEncoder:
+    """A 2-layer, 32-dim BERT with random weights, wrapped as a MagnitudeEncoder (``dropout``: BERT's 0.1)."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
     tokenizer = tiny_tokenizer(folder / "tokenizer")
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden_size, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     model = BertModel(config)
     query_degree, document_degree = initial_degrees(strategy)
     encoder_config = EncoderConfig(base_model="tiny-random-bert", strategy=strategy, query_max_length=16,

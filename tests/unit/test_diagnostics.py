@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from rag_mag.diagnostics import (
+from rag_mag.retriever.diagnostics import (
     coefficient_of_variation,
     cohens_d,
+    diagnostics_of_norms,
     document_norm_effect,
     embedding_norms,
     fisher_spectrum,
@@ -19,7 +20,7 @@ from rag_mag.diagnostics import (
     predict_side_by_fisher,
     select_side_by_cv,
 )
-from rag_mag.strategies import FIXED_DEGREES, Strategy, treat
+from rag_mag.retriever.strategies import FIXED_DEGREES, Strategy, treat
 
 
 def _with_norms(norms, dim=8, seed=0):
@@ -68,6 +69,16 @@ def test_norm_diagnostics_has_the_report_keys():
     assert block["query_norm_cv"] == pytest.approx(0.2)
     assert set(block) == {"document_norm_cohens_d", "query_norm_mean", "query_norm_cv", "document_norm_mean",
                           "document_norm_cv"}
+
+
+def test_diagnostics_of_norms_agrees_with_the_embedding_form():
+    """The benchmark passes the norms an index stores; the numbers must be those of the embeddings."""
+    queries, documents = _with_norms([4.0, 5.0, 6.0]), _with_norms([3.0, 3.2, 1.0, 1.1, 0.9])
+    relevant = [True, True, False, False, False]
+    from_norms = diagnostics_of_norms(embedding_norms(queries), embedding_norms(documents), relevant)
+    assert from_norms == pytest.approx(norm_diagnostics(queries, documents, relevant))
+    with pytest.raises(ValueError, match="one per document"):
+        diagnostics_of_norms([1.0, 2.0], [1.0, 2.0, 3.0], [True])
 
 
 def test_delta_cv_selector_keeps_the_more_varied_side():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rag_mag.encoder import CONFIG_NAME, MagnitudeEncoder
 from rag_mag.errors import CheckpointError
+from rag_mag.retriever.encoder import CONFIG_NAME, MagnitudeEncoder
 from tests.tiny import tiny_encoder
 
 TEXTS = ["the capital of france is paris", "who wrote the book", "a river in germany", "rome"]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rag_mag.loss import InfoNCELoss
+from rag_mag.retriever.loss import InfoNCELoss
 
 
 def reference_infonce(queries, documents, temperature, masked=()):

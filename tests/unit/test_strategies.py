@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rag_mag.errors import ConfigError
-from rag_mag.strategies import DegreeParameters, Strategy, initial_degrees, similarity, treat
+from rag_mag.retriever.strategies import DegreeParameters, Strategy, initial_degrees, similarity, treat
 
 
 @pytest.fixture

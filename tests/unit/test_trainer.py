@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from rag_mag import trainer as trainer_module
-from rag_mag.config import TrainConfig
 from rag_mag.data import write_jsonl
-from rag_mag.encoder import MagnitudeEncoder
 from rag_mag.errors import CheckpointError, ConfigError, DataError, TrainingError
-from rag_mag.trainer import Trainer
+from rag_mag.retriever import trainer as trainer_module
+from rag_mag.retriever.config import TrainConfig
+from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.trainer import Trainer
 from tests.tiny import tiny_encoder
 
 TOPICS = [("paris", "france"), ("london", "england"), ("berlin", "germany"), ("rome", "italy")]

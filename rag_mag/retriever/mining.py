@@ -12,9 +12,9 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from rag_mag.bm25 import BM25Index
 from rag_mag.data import EvalRecord, Passage, QAPair
 from rag_mag.metrics.answers import contains_answer, normalize_answer
+from rag_mag.retriever.bm25 import BM25Index
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """InfoNCE over in-batch negatives and optional hard negatives.
 
-The scores come from ``rag_mag.strategies``: the loss only sees already-treated vectors, so the
+The scores come from ``rag_mag.retriever.strategies``: the loss only sees already-treated vectors, so the
 strategy is decided in one place and the loss stays the textbook one.
 """
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rag_mag.strategies import FIXED_DEGREES, Strategy
+from rag_mag.retriever.strategies import FIXED_DEGREES, Strategy
 
 EPS = 1e-12
 
@@ -82,7 +82,17 @@ class NormStatistics:
 
 
 def norm_statistics(query_embeddings: np.ndarray, document_embeddings: np.ndarray) -> NormStatistics:
-    query_norms, document_norms = embedding_norms(query_embeddings), embedding_norms(document_embeddings)
+    """Mean and CV of the query norms and of the document norms: (n, dim) raw embeddings on each side.
+
+    The one definition of these numbers: the trainer logs them per batch, the benchmark per dataset."""
+    return statistics_of_norms(embedding_norms(query_embeddings), embedding_norms(document_embeddings))
+
+
+def statistics_of_norms(query_norms: Sequence[float] | np.ndarray,
+                        document_norms: Sequence[float] | np.ndarray) -> NormStatistics:
+    """``norm_statistics`` from the norms themselves (e.g. those an index stores)."""
+    query_norms = np.asarray(query_norms, dtype=np.float64)
+    document_norms = np.asarray(document_norms, dtype=np.float64)
     return NormStatistics(
         query_norm_mean=float(query_norms.mean()) if len(query_norms) else math.nan,
         query_norm_cv=coefficient_of_variation(query_norms),
@@ -98,8 +108,19 @@ def norm_diagnostics(query_embeddings: np.ndarray, document_embeddings: np.ndarr
     Raw (untreated) query embeddings of the eval questions, raw document embeddings of the corpus and
     one relevance label per document (``EvalDataset.relevant_passage_mask()``).
     """
-    statistics = norm_statistics(query_embeddings, document_embeddings)
-    return {"document_norm_cohens_d": document_norm_effect(document_embeddings, relevant), **statistics.to_dict()}
+    return diagnostics_of_norms(embedding_norms(query_embeddings), embedding_norms(document_embeddings), relevant)
+
+
+def diagnostics_of_norms(query_norms: Sequence[float] | np.ndarray, document_norms: Sequence[float] | np.ndarray,
+                         relevant: Sequence[bool] | np.ndarray) -> dict:
+    """``norm_diagnostics`` from the raw norms themselves (the benchmark has those, not the embeddings)."""
+    document_norms = np.asarray(document_norms, dtype=np.float64)
+    labels = np.asarray(relevant, dtype=bool)
+    if labels.shape != document_norms.shape:
+        raise ValueError(f"got {len(labels)} relevance labels for {len(document_norms)} documents; give one per "
+                         "document")
+    return {"document_norm_cohens_d": cohens_d(document_norms[labels], document_norms[~labels]),
+            **statistics_of_norms(query_norms, document_norms).to_dict()}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rag_mag import durable
 from rag_mag.errors import CheckpointError, ConfigError
-from rag_mag.strategies import DegreeParameters, SideTreatment, Strategy, treat
+from rag_mag.retriever.strategies import DegreeParameters, SideTreatment, Strategy, treat
 
 logger = logging.getLogger(__name__)
 
@@ -128,19 +128,24 @@ class MagnitudeEncoder(torch.nn.Module):
         return encoder
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the checkpoint atomically: a temporary folder that replaces ``path`` in one rename."""
+        """Write the checkpoint atomically: a synced staging folder that replaces ``path`` in one rename."""
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self.config.query_degree, self.config.document_degree = self.degrees.as_floats()
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        staging = durable.staging_dir(target)
         try:
-            self.model.save_pretrained(staging, safe_serialization=True)
-            self.tokenizer.save_pretrained(staging)
-            (staging / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2))
-            replace_dir(staging, target)
+            self.write_files(staging)
+            durable.sync_tree(staging)
+            durable.replace_dir(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return target
+
+    def write_files(self, folder: str | os.PathLike) -> None:
+        """Write weights, tokenizer and ``rag_mag.json`` into an existing folder (no swap, no fsync)."""
+        folder = Path(folder)
+        self.config.query_degree, self.config.document_degree = self.degrees.as_floats()
+        self.model.save_pretrained(folder, safe_serialization=True)
+        self.tokenizer.save_pretrained(folder)
+        (folder / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2))
 
     # ----------------------------------------------------------------- treatments
     def query_treatment(self) -> SideTreatment:
@@ -159,8 +164,14 @@ class MagnitudeEncoder(torch.nn.Module):
     # ----------------------------------------------------------------- forward
     def tokenize(self, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
         """Dynamic padding: the batch is padded to its own longest text, not to ``max_length``."""
-        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
-                              return_tensors="pt")
+        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
+                               return_tensors="pt")
+        return {name: tensor.to(self.device) for name, tensor in batch.items()}
+
+    @property
+    def device(self) -> torch.device:
+        """Where the transformer's weights are (``encoder.to(device)`` moves it)."""
+        return next(self.model.parameters()).device
 
     def pool(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Raw pooled embeddings (batch, dim): no normalization, the magnitude is kept."""
@@ -189,8 +200,8 @@ class MagnitudeEncoder(torch.nn.Module):
         order = sorted(range(len(texts)), key=lengths.__getitem__)
         chunks = [self.pool(self.tokenize([texts[i] for i in order[start:start + bucket_size]], max_length))
                   for start in range(0, len(texts), bucket_size)]
-        inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
+        inverse = torch.empty(len(order), dtype=torch.long, device=self.device)
+        inverse[torch.tensor(order, device=self.device)] = torch.arange(len(order), device=self.device)
         return torch.cat(chunks)[inverse]
 
     @torch.inference_mode()
@@ -200,12 +211,13 @@ class MagnitudeEncoder(torch.nn.Module):
 
         Texts are sorted by length so each batch holds similar lengths (little padding), then the
         original order is restored. ``treated=False`` returns the raw pooled vectors. ``bf16`` runs the
-        transformer under CPU bfloat16 autocast: about 2.8x faster on CPUs with avx512_bf16, with
-        embeddings within 1e-4 in cosine and 0.5% in norm of fp32 (eval/README.md).
+        transformer under bfloat16 autocast on its device: about 2.8x faster on CPUs with avx512_bf16, with
+        embeddings within 1e-4 in cosine and 0.5% in norm of fp32 (eval/README.md). Callers decide with
+        ``rag_mag.precision.use_bf16(precision, encoder.device)``.
         """
         if side not in ("query", "document"):
             raise ValueError(f"side must be 'query' or 'document', got {side!r}")
-        with self._inference_lock, torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with self._inference_lock, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
             return self._encode(list(texts), side, batch_size, treated, show_progress)
 
     def _encode(self, texts: list[str], side: str, batch_size: int, treated: bool, show_progress: bool) -> np.ndarray:
@@ -227,7 +239,7 @@ class MagnitudeEncoder(torch.nn.Module):
             vectors = self.pool(self.tokenize([texts[i] for i in index], max_length)).float()
             if treated:
                 vectors = (self.query_treatment() if side == "query" else self.document_treatment()).apply(vectors)
-            output[index] = vectors.numpy()
+            output[index] = vectors.cpu().numpy()
         self.train(was_training)
         return output
 
@@ -238,13 +250,3 @@ def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
     if not (folder / CONFIG_NAME).exists() and (folder / "best" / CONFIG_NAME).is_file():
         return folder / "best"
     return folder
-
-
-def replace_dir(staging: Path, target: Path) -> None:
-    """Swap ``staging`` into ``target``; the old ``target`` survives until the new one is in place."""
-    backup = target.with_name(f".{target.name}.old")
-    shutil.rmtree(backup, ignore_errors=True)
-    if target.exists():
-        os.replace(target, backup)
-    os.replace(staging, target)
-    shutil.rmtree(backup, ignore_errors=True)

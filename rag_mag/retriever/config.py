@@ -12,12 +12,14 @@ import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from types import NoneType, UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
 from rag_mag.errors import ConfigError
-from rag_mag.strategies import Strategy
+from rag_mag.precision import parse_device, parse_precision
+from rag_mag.retriever.strategies import Strategy
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" mirrors argparse
@@ -41,7 +43,8 @@ class TrainConfig:
                                       "starts at the same effective temperature (see PRODUCT.md)")
     calibration_samples: int = _f(256, "training texts per side used to measure the initial mean norm")
     steps: int = _f(200, "optimizer steps")
-    batch_size: int = _f(32, "queries per step (each with one positive and hard_negatives negatives)")
+    batch_size: int = _f(32, "queries per step (each with one positive and hard_negatives negatives); under "
+                              "torchrun the global batch, shared by the processes")
     hard_negatives: int = _f(1, "hard negatives per query (0: in-batch negatives only)")
     learning_rate: float = _f(2e-5, "AdamW learning rate of the encoder")
     gamma_learning_rate: float = _f(1e-2, "learning rate of the learnable normalization degrees (learnable only)")
@@ -50,15 +53,20 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping norm")
     length_bucket_size: int = _f(16, "encode each step's texts in length-sorted chunks of this size, each padded "
                                      "to its own longest text (0: one padded batch per side)")
-    bf16: bool = _f(False, "train under torch.autocast(cpu, bfloat16): faster on CPUs with avx512_bf16")
+    precision: str = _f("auto", "auto, bf16 or fp32: auto uses bfloat16 autocast only where the hardware computes "
+                                "it natively (CPUs with avx512_bf16/amx_bf16, bf16-capable GPUs), else fp32")
+    device: str = _f("auto", "auto, cpu, cuda or cuda:N (auto: the first CUDA GPU torch sees, else the CPU)")
     seed: int = _f(0, "random seed (data order, sampling, initialization of nothing else)")
     eval_every: int = _f(50, "validate every N steps (0: only at the end)")
     log_every: int = _f(10, "log training statistics every N steps")
     save_every: int = _f(50, "write the resumable last/ checkpoint every N steps")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
-    resume: bool = _f(True, "continue from out/last when it exists")
+    resume: bool = _f(True, "continue from out/last when it exists (refused when its settings or data differ)")
+    resume_anyway: bool = _f(False, "resume from out/last even when settings or data differ (the checkpoint's "
+                                    "model settings are kept)")
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         self.strategy = Strategy.parse(self.strategy).value
         positive_ints = ("steps", "batch_size", "query_max_length", "document_max_length", "calibration_samples",
                          "log_every", "save_every", "val_max_queries")
@@ -76,11 +84,45 @@ class TrainConfig:
             value = float(getattr(self, name))
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {value}")
+        self.precision = parse_precision(self.precision)
+        self.device = parse_device(self.device)
         if self.pooling not in ("mean", "cls"):
             raise ConfigError(f"unknown pooling {self.pooling!r}; valid poolings are: mean, cls")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+_KIND_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def _check_value(name: str, value: Any, kind: Any) -> Any:
+    """``value`` as ``kind`` (int, float, bool, str or an optional one); ConfigError naming the field otherwise."""
+    options = get_args(kind) if get_origin(kind) in (Union, UnionType) else (kind,)
+    if value is None and NoneType in options:
+        return None
+    for option in options:
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+        if option not in _KIND_NAMES and option is not NoneType:
+            return value  # lists, dicts and other structures are checked by the dataclass itself
+    expected = " or ".join(_KIND_NAMES.get(option, "null") for option in options)
+    raise ConfigError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+
+
+def check_field_types(instance: Any) -> None:
+    """Check (and normalize: 3 -> 3.0 for a float field) every field of a dataclass against its type hint."""
+    hints = get_type_hints(type(instance))
+    for spec in fields(instance):
+        setattr(instance, spec.name, _check_value(spec.name, getattr(instance, spec.name), hints[spec.name]))
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> None:
@@ -113,15 +155,24 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# Fields that were renamed: an old config file gets one line that says what to write instead.
+RENAMED_FIELDS = {"bf16": "precision: auto, bf16 or fp32 (auto picks bf16 only where the hardware computes it "
+                          "natively)",
+                  "encode_bf16": "encode_precision: auto, bf16 or fp32"}
+
+
 def make_config(cls: type, values: dict[str, Any], source: str = "config") -> Any:
     known = {spec.name for spec in fields(cls)}
+    for old, new in RENAMED_FIELDS.items():
+        if old in values and old not in known:
+            raise ConfigError(f"{source} field {old!r} was replaced by {new}; edit the config")
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"unknown {source} field(s): {', '.join(unknown)}; valid fields are: "
                           f"{', '.join(sorted(known))}")
     try:
         return cls(**values)
-    except TypeError as error:
+    except (TypeError, ConfigError) as error:
         raise ConfigError(f"invalid {source}: {error}") from None
 
 

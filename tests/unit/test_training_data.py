@@ -1,0 +1,153 @@
+"""build-data: gold pairs, trusted mined pairs, answer-free negatives, and no evaluation question ever trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rag_mag.data import Passage
+from rag_mag.errors import ConfigError
+from rag_mag.retriever.training_data import (
+    AnswerFrequency,
+    DataSpec,
+    SourceSpec,
+    answer_problem,
+    build_training_data,
+    load_data_spec,
+)
+
+
+def write(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def passage(pid: str, text: str, title: str = "T") -> dict:
+    return {"id": pid, "title": title, "text": text}
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> dict[str, str]:
+    corpus = [passage(f"c{i}", f"filler passage number {i} about rivers and mountains") for i in range(30)]
+    corpus += [passage("paris", "Paris is the capital of France on the Seine"),
+               passage("nile", "The Nile is the longest river of Africa"),
+               passage("everest", "Mount Everest is the highest mountain above sea level")]
+    triples = [{"id": "t1", "query": "Which river flows through Paris?", "answers": ["Seine"],
+                "positives": [passage("p1", "The Seine flows through Paris")],
+                "hard_negatives": [passage("n1", "The Seine is long"),          # holds the answer: dropped
+                                   passage("n2", "The Loire is a river")]},
+               {"id": "t2", "query": "What is the capital of Spain?", "answers": ["Madrid"],
+                "positives": [passage("p2", "Madrid is the capital of Spain")], "hard_negatives": []}]
+    gold = [{"id": f"g{i}", "question": f"Gold question number {i}?", "answers": [f"gold{i}"],
+             "contexts": [{**passage(f"gp{i}", f"gold{i} is here"), "is_supporting": True},
+                          {**passage(f"gn{i}", "distractor"), "is_supporting": False}]} for i in range(6)]
+    gold.append({"id": "leak", "question": "  What is the CAPITAL of Spain ", "answers": ["Madrid"],
+                 "contexts": [{**passage("gx", "Madrid"), "is_supporting": True}]})
+    pairs = [{"id": "m1", "question": "Which is the longest river of Africa?", "answers": ["Nile"]},
+             {"id": "m2", "question": "Is Paris the capital of France?", "answers": ["yes"]},
+             {"id": "m3", "question": "What passage is about rivers and mountains?", "answers": ["rivers"]},
+             {"id": "m4", "question": "How many filler passages?", "answers": ["42"]},
+             {"id": "m5", "question": "Which mountain is the highest above sea level?", "answers": ["Everest"]}]
+    evaluation = [{"id": "e1", "question": "what is the capital of spain?", "answers": ["Madrid"]},
+                  {"id": "e2", "question": "Which mountain is the highest above sea level?", "answers": ["x"]}]
+    return {"corpus": write(tmp_path / "corpus.jsonl", corpus), "triples": write(tmp_path / "t.jsonl", triples),
+            "gold": write(tmp_path / "gold.jsonl", gold), "pairs": write(tmp_path / "pairs.jsonl", pairs),
+            "eval": write(tmp_path / "eval.jsonl", evaluation), "out": str(tmp_path / "out")}
+
+
+def spec(files: dict[str, str], **overrides) -> DataSpec:
+    values = dict(out=files["out"], exclude=[files["eval"]], negatives_corpus=files["corpus"], hard_negatives=2,
+                  negative_top_k=10, positive_top_k=5, max_answer_passages=5, val_queries=2, sources=[
+                      SourceSpec(name="hot", kind="triples", path=files["triples"]),
+                      SourceSpec(name="nq", kind="gold", path=files["gold"]),
+                      SourceSpec(name="mined", kind="mined", path=files["pairs"], corpus=files["corpus"])])
+    values.update(overrides)
+    return DataSpec(**values)
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def test_build_keeps_trusted_pairs_and_excludes_every_evaluation_question(files):
+    stats = build_training_data(spec(files))
+    out = Path(files["out"])
+    train, val = read(out / "train.jsonl"), read(out / "val.jsonl")
+    everything = train + val
+    queries = {row["query"] for row in everything}
+    # normalized-text exclusion: the triple, the leaked gold question and the mined question all go
+    assert "What is the capital of Spain?" not in queries and "  What is the CAPITAL of Spain " not in queries
+    assert "Which mountain is the highest above sea level?" not in queries
+    assert stats["sources"]["hot"]["excluded_eval_overlap"] == 1
+    assert stats["sources"]["nq"]["excluded_eval_overlap"] == 1
+    # mined: only the specific answer with an answer-bearing BM25 passage survives
+    mined = [row for row in everything if row["source"] == "mined"]
+    assert [row["id"] for row in mined] == ["m1"] and mined[0]["positives"][0]["id"] == "nile"
+    dropped = stats["sources"]["mined"]["dropped"]
+    assert dropped["yes/no or generic"] == 1 and dropped["bare small number"] == 1
+    assert dropped["answer in more than 5 passages"] == 1
+    # hard negatives never hold an answer, and are topped up to hard_negatives
+    for row in everything:
+        for negative in row["hard_negatives"]:
+            text = f"{negative['title']} {negative['text']}".lower()
+            assert not any(answer.lower() in text for answer in row["answers"]), (row["id"], negative)
+    triple = next(row for row in everything if row["id"] == "t1")
+    assert "n1" not in {n["id"] for n in triple["hard_negatives"]} and len(triple["hard_negatives"]) == 2
+    assert stats["sources"]["hot"]["negatives_with_answer_dropped"] == 1
+    # validation: gold sources only, disjoint from training
+    assert len(val) == 2 and all(row["source"] != "mined" for row in val)
+    assert not {row["query"] for row in val} & {row["query"] for row in train}
+    assert stats["train"] == len(train)
+
+
+def test_ablation_only_sources_never_reach_the_training_file(files):
+    unfiltered = SourceSpec(name="loose", kind="mined", path=files["pairs"], corpus=files["corpus"], filters=False,
+                            ablation_only=True)
+    base = spec(files)
+    stats = build_training_data(spec(files, sources=[*base.sources, unfiltered]))
+    out = Path(files["out"])
+    assert all(row["source"] != "loose" for row in read(out / "train.jsonl") + read(out / "val.jsonl"))
+    ablation = read(out / "ablation.jsonl")
+    assert ablation and {row["source"] for row in ablation} == {"loose"} and stats["ablation"] == len(ablation)
+    # unfiltered mining keeps the yes/no and generic answers the filters drop (the noise the ablation measures)
+    assert {"m2", "m3"} & {row["id"] for row in ablation}
+    assert not {"m2", "m3"} & {row["id"] for row in read(out / "train.jsonl")}
+
+
+def test_answer_problems_and_frequency():
+    assert answer_problem(["Yes"], 2) == "yes/no or generic"
+    assert answer_problem(["a"], 2) == "too short"
+    assert answer_problem(["42"], 2) == "bare small number"
+    assert answer_problem(["1969"], 2) == "" and answer_problem(["yes", "Nile"], 2) == ""
+    frequency = AnswerFrequency([Passage(id="1", title="", text="New York City"),
+                                 Passage(id="2", title="", text="York minster"),
+                                 Passage(id="3", title="", text="Yorkshire")])
+    assert frequency.passages_with("York") == 2 and frequency.passages_with("New York") == 1
+    assert frequency.passages_with("") == 0
+
+
+def test_bad_specs_get_one_clear_error(files, tmp_path: Path):
+    with pytest.raises(ConfigError, match="unknown kind 'web'"):
+        SourceSpec(name="x", kind="web", path="p")
+    with pytest.raises(ConfigError, match="needs a corpus"):
+        SourceSpec(name="x", kind="mined", path="p")
+    with pytest.raises(ConfigError, match="unique"):
+        spec(files, sources=[SourceSpec(name="a", kind="triples", path="p")] * 2)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_data_spec(tmp_path / "missing.yaml", None)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("out: x\nsources: [{name: a, kind: triples, path: p, colour: red}]\n")
+    with pytest.raises(ConfigError, match="invalid data spec"):
+        load_data_spec(bad, None)
+
+
+def test_the_shipped_spec_loads_and_excludes_the_four_evaluation_sets(tmp_path: Path):
+    from rag_mag.models import REPO_ROOT
+
+    loaded = load_data_spec(REPO_ROOT / "eval" / "configs" / "train_data.yaml", tmp_path)
+    excluded = " ".join(loaded.exclude)
+    for name in ("triviaqa_test1000", "nq_test1000", "hotpotqa_dev500", "musique_train100"):
+        assert name in excluded
+    assert [s.name for s in loaded.sources if not s.ablation_only] == ["hotpotqa_gold", "nq_oracle_gold", "mined"]
