@@ -7,7 +7,8 @@ from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.components.faiss_retriever import FAISSEmbeddingRetriever
 from rag_mag.components.followup_query import FollowUpQuery
 from rag_mag.components.hop_accumulator import HopAccumulator
+from rag_mag.components.score_explainer import ScoreExplainer
 from rag_mag.components.text_embedder import RagMagTextEmbedder
 
 __all__ = ["CorpusReader", "FAISSDocumentStore", "FAISSEmbeddingRetriever", "FollowUpQuery", "HopAccumulator",
-           "RagMagDocumentEmbedder", "RagMagTextEmbedder"]
+           "RagMagDocumentEmbedder", "RagMagTextEmbedder", "ScoreExplainer"]

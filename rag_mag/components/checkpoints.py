@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag_mag.encoder import CONFIG_NAME, MagnitudeEncoder, resolve_checkpoint_dir
 from rag_mag.errors import CheckpointError
+from rag_mag.retriever.encoder import CONFIG_NAME, MagnitudeEncoder, resolve_checkpoint_dir
 
 logger = logging.getLogger(__name__)
 

@@ -1,34 +1,39 @@
 """FAISS inner-product indexes and the folder they are saved in (used by FAISSDocumentStore).
 
-An index folder holds four files, written together into a temporary folder that then replaces the
-target in one rename (so a crash never leaves half an index):
+An index folder holds four files, written together into a staging folder that is fsynced and then
+replaces the target in one rename (so a crash never leaves half an index; see rag_mag.durable):
 
 * ``index.faiss``: the FAISS index (inner product; absent when the store is empty);
 * ``ids.json``: the id map, ``ids[row]`` is the Document id of FAISS row ``row``;
 * ``documents.jsonl``: the Documents without embeddings, one JSON object per line, in row order;
-* ``manifest.json``: count, dim, index type, metric, checkpoint fingerprint and strategy.
+* ``manifest.json``: count, dim, index type, metric, checkpoint fingerprint and strategy, the size and
+  sha256 of every other file, and the sha256 of the id list (the count and order of the ids).
 
-Reading checks that all four agree and raises ``CheckpointError`` naming the file otherwise.
-Nothing is pickled.
+Reading checks that all four agree, the sizes of all files and the checksums of the two text files
+(cheap: they are small next to the vectors); ``verify_folder`` (``rag-mag index --verify``) also checks
+the checksum of ``index.faiss``. Any mismatch raises ``CheckpointError`` naming the file. Nothing is pickled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rag_mag.encoder import replace_dir
+from rag_mag import durable
 from rag_mag.errors import CheckpointError, ConfigError
 
-FORMAT_VERSION = 1
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2  # 2: the manifest holds file checksums and the id digest
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.json"
@@ -126,30 +131,84 @@ def is_index_folder(folder: Path) -> bool:
     return (folder / MANIFEST).is_file()
 
 
+def ids_digest(ids: list[str]) -> str:
+    """sha256 of the id list: it changes with the count, the order or any id."""
+    return hashlib.sha256(json.dumps(ids, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def write_folder(target: Path, index, ids: list[str], documents: list[dict[str, Any]],
                  manifest: dict[str, Any]) -> None:
-    """Write the four files into a staging folder, then swap it into ``target``."""
+    """Write the four files into a staging folder, fsync it, then swap it into ``target``."""
     if target.exists() and not (target.is_dir() and (is_index_folder(target) or not any(target.iterdir()))):
         raise CheckpointError(f"{target} exists and is not a rag-mag index folder; refusing to overwrite it. "
                               "Choose an empty or new folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    durable.recover_dir(target, is_complete=is_index_folder)
+    staging = durable.staging_dir(target)
     try:
+        durable.fault_point("index:staging")
         if index is not None:
             _faiss().write_index(index, str(staging / INDEX_FILE))
-        (staging / IDS_FILE).write_text(json.dumps(ids))
+        durable.fault_point("index:faiss")
+        (staging / IDS_FILE).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
+        durable.fault_point("index:ids")
         with open(staging / DOCUMENTS_FILE, "w", encoding="utf-8") as handle:
             for record in documents:
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        durable.fault_point("index:documents")
+        files = {path.name: {"bytes": path.stat().st_size, "sha256": durable.sha256_of(path)}
+                 for path in sorted(staging.iterdir())}
+        manifest = {**manifest, "format_version": FORMAT_VERSION, "files": files, "ids_sha256": ids_digest(ids)}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        replace_dir(staging, target)
+        durable.fault_point("index:manifest")
+        durable.sync_tree(staging)
+        durable.fault_point("index:synced")
+        durable.replace_dir(staging, target, fault_prefix="index")
+        durable.fault_point("index:done")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def read_folder(folder: Path) -> tuple[Any, list[str], list[dict[str, Any]], dict[str, Any]]:
-    """Read and cross-check an index folder: ``(index or None, ids, document records, manifest)``."""
+def _check_files(folder: Path, manifest: dict[str, Any], ids: list, full: bool, fix: str) -> None:
+    """Sizes of every file and the checksums of the text files (all of them with ``full``) against the manifest."""
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not isinstance(manifest.get("ids_sha256"), str):
+        raise CheckpointError(f"corrupt index manifest {folder / MANIFEST}: no file checksums; {fix}")
+    expected = {IDS_FILE, DOCUMENTS_FILE} | ({INDEX_FILE} if manifest.get("count") else set())
+    for name in sorted(expected - set(files)):
+        raise CheckpointError(f"corrupt index manifest {folder / MANIFEST}: no checksum for {name}; {fix}")
+    for name, recorded in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"index file {path} is missing; {fix}")
+        if path.stat().st_size != recorded.get("bytes"):
+            raise CheckpointError(f"index file {path} holds {path.stat().st_size} bytes, the manifest says "
+                                  f"{recorded.get('bytes')}: it was changed or cut short after the index was "
+                                  f"written; {fix}")
+        if (full or name != INDEX_FILE) and durable.sha256_of(path) != recorded.get("sha256"):
+            raise CheckpointError(f"index file {path} does not match its checksum in the manifest: it was changed "
+                                  f"after the index was written (documents, ids and vectors may no longer belong "
+                                  f"together); {fix}")
+    if ids_digest(ids) != manifest["ids_sha256"]:
+        raise CheckpointError(f"the ids of {folder / IDS_FILE} are not those the index was written with (count or "
+                              f"order changed); {fix}")
+
+
+def report_leftovers(folder: Path) -> list[Path]:
+    """Warn about staging folders of ``folder`` left by a killed writer (the next write removes them)."""
+    found = durable.leftovers(folder)
+    for path in found:
+        logger.warning("%s was left by an interrupted index write; the next write to %s removes it (or delete "
+                       "it yourself)", path, folder)
+    return found
+
+
+def read_folder(folder: Path, full: bool = False) -> tuple[Any, list[str], list[dict[str, Any]], dict[str, Any]]:
+    """Read and cross-check an index folder: ``(index or None, ids, document records, manifest)``.
+
+    Checks sizes, the text files' checksums and the id digest; ``full`` also checks ``index.faiss``'s checksum.
+    """
     fix = f"rebuild it with `rag-mag index ... --out {folder}`"
+    report_leftovers(folder)
     manifest_file = folder / MANIFEST
     try:
         manifest = json.loads(manifest_file.read_text())
@@ -157,11 +216,11 @@ def read_folder(folder: Path) -> tuple[Any, list[str], list[dict[str, Any]], dic
         version = manifest["format_version"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"corrupt index manifest {manifest_file}: {error!r}; {fix}") from None
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CheckpointError(f"index {folder} has format version {version}, this rag-mag reads "
-                              f"{FORMAT_VERSION}; {fix}")
+                              f"{', '.join(map(str, READABLE_VERSIONS))}; {fix}")
     try:
-        ids = json.loads((folder / IDS_FILE).read_text())
+        ids = json.loads((folder / IDS_FILE).read_text(encoding="utf-8"))
         with open(folder / DOCUMENTS_FILE, encoding="utf-8") as handle:
             documents = [json.loads(line) for line in handle if line.strip()]
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -195,5 +254,24 @@ def read_folder(folder: Path) -> tuple[Any, list[str], list[dict[str, Any]], dic
     if problems:
         raise CheckpointError(f"index folder {folder} is inconsistent: the manifest says {count} documents, but "
                               f"{'; '.join(problems)}; {fix}")
+    if version >= 2:
+        _check_files(folder, manifest, ids, full, fix)
+    elif full:
+        raise CheckpointError(f"index {folder} was written by an older rag-mag without checksums, so it cannot be "
+                              f"verified; {fix}")
+    else:
+        logger.warning("index %s has no checksums (written by an older rag-mag); rebuild it to have it verified",
+                       folder)
     return index, ids, documents, manifest
+
+
+def verify_folder(folder: Path) -> dict[str, Any]:
+    """Check everything of an index folder (every checksum too); a summary, or CheckpointError on a mismatch."""
+    folder = Path(folder)
+    if not is_index_folder(folder):
+        raise CheckpointError(f"{folder} is not a rag-mag index folder (no {MANIFEST}); give the --out folder of "
+                              "`rag-mag index`")
+    index, ids, documents, manifest = read_folder(folder, full=True)
+    return {"index": str(folder), "ok": True, "count": len(ids), "dim": manifest.get("dim"),
+            "files": sorted(manifest.get("files", {})), "leftovers": [str(p) for p in durable.leftovers(folder)]}
 

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from rag_mag.components.document_embedder import RAW_NORM_KEY
 from rag_mag.components.faiss_document_store import FAISSDocumentStore
+from rag_mag.components.score_explainer import explain_score
 from rag_mag.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
-
-_TINY = 1e-12
 
 
 @component
@@ -110,16 +107,8 @@ class FAISSEmbeddingRetriever:
         return results
 
     def _explained(self, row: int, score: float, query_norm: float, query_raw_norm: float | None) -> Document:
-        stored = self.document_store.document_at(row)
-        embedding = self.document_store.embedding_at(row)
-        document_norm = float(np.linalg.norm(embedding))
-        meta = dict(stored.meta or {})
-        meta.update(cosine=score / max(query_norm * document_norm, _TINY), query_norm=query_norm,
-                    document_norm=document_norm, document_raw_norm=meta.pop(RAW_NORM_KEY, None))
-        if query_raw_norm is not None:
-            meta["query_raw_norm"] = float(query_raw_norm)
-        return replace(stored, score=score, meta=meta,
-                       embedding=embedding.tolist() if self.return_embedding else None)
+        return explain_score(self.document_store.document_at(row), self.document_store.embedding_at(row), score,
+                             query_norm, query_raw_norm, keep_embedding=self.return_embedding)
 
     def _check_checkpoint(self, query_meta: dict[str, Any]) -> None:
         indexed = self.document_store.manifest.get("checkpoint")

@@ -34,7 +34,7 @@ def checkpoint(tmp_path_factory) -> Path:
 def test_document_embedder_applies_the_document_treatment(checkpoint):
     documents = [Document(id="a", content="paris is the capital of france", meta={"title": "Paris"}),
                  Document(id="b", content="the river in germany")]
-    embedder = RagMagDocumentEmbedder(model=str(checkpoint), batch_size=1, progress_bar=False)
+    embedder = RagMagDocumentEmbedder(model=str(checkpoint), batch_size=1, progress_bar=False, precision="fp32")
     out = embedder.run(documents)["documents"]
     encoder = load_checkpoint(checkpoint).encoder
     texts = ["Paris\nparis is the capital of france", "the river in germany"]

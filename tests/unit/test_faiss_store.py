@@ -16,7 +16,7 @@ from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.components.faiss_retriever import FAISSEmbeddingRetriever
 from rag_mag.components.text_embedder import RagMagTextEmbedder
 from rag_mag.errors import CheckpointError, ConfigError, DataError
-from rag_mag.strategies import Strategy
+from rag_mag.retriever.strategies import Strategy
 from tests.tiny import tiny_encoder
 
 WORDS = ("paris france london england berlin germany rome italy capital city river king queen war ocean "
@@ -47,7 +47,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def embed_store(checkpoint: Path, documents: list[Document], path: Path | None = None, **store_args):
-    embedder = RagMagDocumentEmbedder(model=str(checkpoint), batch_size=7, progress_bar=False)
+    embedder = RagMagDocumentEmbedder(model=str(checkpoint), batch_size=7, progress_bar=False, precision="fp32")
     embedded = embedder.run(documents)["documents"]
     store = FAISSDocumentStore(path=str(path) if path else None, **store_args)
     store.write_documents(embedded)
@@ -161,7 +161,7 @@ def test_persistence_round_trip(checkpoints, tmp_path):
     assert "embedding_raw_norm" in back["d003"].meta
 
     # Appending to a loaded index extends it and saves again.
-    extra = RagMagDocumentEmbedder(model=str(checkpoints["learnable"]), progress_bar=False).run(
+    extra = RagMagDocumentEmbedder(model=str(checkpoints["learnable"]), progress_bar=False, precision="fp32").run(
         [Document(id="new", content="rome italy capital")])["documents"]
     reloaded.write_documents(extra)
     assert FAISSDocumentStore(path=str(folder)).count_documents() == len(documents) + 1
