@@ -10,9 +10,9 @@ from haystack import Pipeline
 from haystack.dataclasses import ChatMessage
 from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
-from rag_mag import llm_server
 from rag_mag.errors import ConfigError
 from rag_mag.models import packaged_smollm2_gguf
+from rag_mag.serving import llm_server
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ from haystack import Pipeline
 from haystack.components.generators.chat import FallbackChatGenerator
 from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
-from rag_mag import llm_server
 from rag_mag.cli.main import main
 from rag_mag.errors import ConfigError, ServerNotRunningError
+from rag_mag.serving import llm_server
 
 
 @pytest.fixture(autouse=True)
@@ -268,7 +268,7 @@ def test_resolve_model_wants_a_model_folder(tmp_path: Path, model_dir: Path) -> 
 def test_command_and_environment(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     command = llm_server.build_command(str(model_dir), host="127.0.0.1", port=8123, served_model_name="m",
-                                       python=Path("/py"))
+                                       python=Path("/py"), precision="bf16")
     assert command[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
     flags = dict(zip(command[3::2], command[4::2], strict=False))
     assert flags["--model"] == str(model_dir) and flags["--served-model-name"] == "m"

@@ -12,7 +12,7 @@ from haystack import Pipeline, component
 from haystack.dataclasses import ChatMessage
 
 from rag_mag.errors import ConfigError, ServerNotRunningError
-from rag_mag.pipelines import (
+from rag_mag.serving.pipelines import (
     ALLOWED_MODULES,
     PIPELINES_DIR,
     apply_overrides,
@@ -74,6 +74,10 @@ def local_overrides(built: dict[str, Path], name: str) -> dict[str, object]:
     if name == "indexing":
         return {"corpus": str(built["corpus"]), "retriever": str(built["checkpoint"]),
                 "out": str(built["root"] / "other-index")}
+    if name == "reader":
+        return {}
+    if name == "rag_qdrant":  # the Qdrant folder is opened on first use only (tests/unit/test_vector_db.py runs it)
+        return {"retriever": str(built["checkpoint"]), "qdrant": str(built["root"] / "qdrant")}
     return {"retriever": str(built["checkpoint"]), "index": str(built["index"])}
 
 
@@ -83,7 +87,7 @@ def canonical(data: dict) -> dict:
 
 
 def test_every_shipped_pipeline_round_trips(built):
-    assert {p.stem for p in PIPELINE_FILES} >= {"indexing", "rag", "rag_multihop"}
+    assert {p.stem for p in PIPELINE_FILES} >= {"indexing", "rag", "rag_multihop", "retrieve", "reader", "rag_qdrant"}
     for path in PIPELINE_FILES:
         pipeline = load_pipeline(path, local_overrides(built, path.stem))
         again = Pipeline.loads(pipeline.dumps(), allowed_modules=ALLOWED_MODULES)

