@@ -1,104 +1,179 @@
-"""One benchmark cell: a system (dense retriever, BM25 or closed book) on one dataset.
+"""One benchmark cell: a system on one dataset, scored from what the YAML pipelines return.
 
-Dense systems run the product's own Haystack components: ``RagMagDocumentEmbedder`` into a
-``FAISSDocumentStore``, ``RagMagTextEmbedder`` and ``FAISSEmbeddingRetriever`` for the queries.
-A cell returns plain JSON: aggregates, per-question values (for bootstrap and paired tests),
-the predictions, and the paper's diagnostics.
+* Dense systems (a strategy's trained checkpoint, or ``base_cosine``): the corpus is embedded with
+  ``RagMagDocumentEmbedder`` into an on-disk ``FAISSDocumentStore`` (built once per checkpoint and
+  corpus). The retrieval pipeline (``pipelines/retrieve.yaml``) ranks the corpus for every question
+  (recall@k, nDCG@10, MRR@10: the retriever's ranking); the scored pipeline (``rag.yaml``,
+  ``rag_multihop.yaml`` or a user's file) answers every question through ``Pipeline.run``.
+* Reader baselines answer through the reader pipeline (``pipelines/reader.yaml``): ``bm25`` with the
+  BM25 top-k, ``closed_book`` with no passages, ``oracle`` with the question's gold passages.
+
+"Retrieval at budget": the passages the reader was given (for a multi-hop pipeline, the union of all
+rounds, as ``answer_builder.documents`` holds them) are judged at their own number, the budget; the
+retriever's first round alone is judged at the same budget (its top-``budget`` for the question).
+Their difference says whether the later rounds helped.
+
+A cell returns plain JSON: aggregates, per-question values (for bootstrap and paired tests), the
+predictions, and the paper's diagnostics.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from haystack import Document
 
-from rag_mag.bench.config import BenchConfig
-from rag_mag.datasets import EvalDataset
+from rag_mag.bench.datasets import EvalDataset
+from rag_mag.metrics.retrieval import recall
 
 logger = logging.getLogger(__name__)
 RECALL_CURVE_K = 20
 
 
-def _documents(dataset: EvalDataset) -> list[Document]:
+def corpus_documents(dataset: EvalDataset) -> list[Document]:
     return [Document(id=p.id, content=p.text, meta={"title": p.title}) for p in dataset.corpus]
 
 
-def dense_retrieve(dataset: EvalDataset, checkpoint: Path, top_k: int, bf16: bool = False,
-                   ) -> tuple[list[list[Document]], dict]:
-    """Rank the dataset's corpus for each question; also return raw norms for the diagnostics."""
+@dataclass(frozen=True)
+class BuiltIndex:
+    path: Path
+    document_raw_norms: np.ndarray  # (n_passages,), in corpus order
+
+
+def build_index(dataset: EvalDataset, checkpoint: Path, folder: Path, precision: str = "auto") -> BuiltIndex:
+    """Embed the corpus with the checkpoint into a FAISS index folder (reused when it is already there)."""
     from rag_mag.components.document_embedder import RAW_NORM_KEY, RagMagDocumentEmbedder
     from rag_mag.components.faiss_document_store import FAISSDocumentStore
-    from rag_mag.components.faiss_retriever import FAISSEmbeddingRetriever
-    from rag_mag.components.text_embedder import RagMagTextEmbedder
 
-    document_embedder = RagMagDocumentEmbedder(model=str(checkpoint), batch_size=64, progress_bar=True, bf16=bf16)
-    document_embedder.warm_up()
-    embedded = document_embedder.run(_documents(dataset))["documents"]
-    store = FAISSDocumentStore()
-    store.write_documents(embedded)
-    text_embedder = RagMagTextEmbedder(model=str(checkpoint))
-    queries, query_raw_norms = text_embedder.embed([r.question for r in dataset.records])
-    retriever = FAISSEmbeddingRetriever(document_store=store, top_k=top_k)
-    ranked = retriever.search_batch(queries, top_k)
-    norms = {"query_raw": query_raw_norms.astype(float),
-             "document_raw": np.array([d.meta[RAW_NORM_KEY] for d in embedded], dtype=float)}
-    return ranked, norms
+    store = FAISSDocumentStore(path=str(folder))
+    if store.exists():
+        stored = {d.id: d.meta.get(RAW_NORM_KEY) for d in store.filter_documents()}
+    else:
+        embedder = RagMagDocumentEmbedder(model=str(checkpoint), batch_size=64, progress_bar=True,
+                                          precision=precision)
+        embedder.warm_up()
+        embedded = embedder.run(corpus_documents(dataset))["documents"]
+        FAISSDocumentStore(path=str(folder), recreate=True).write_documents(embedded)
+        stored = {d.id: d.meta.get(RAW_NORM_KEY) for d in embedded}
+    norms = np.array([stored[p.id] for p in dataset.corpus], dtype=float)
+    return BuiltIndex(path=folder, document_raw_norms=norms)
 
 
-def bm25_retrieve(dataset: EvalDataset, top_k: int) -> list[list[Document]]:
-    from rag_mag.bm25 import BM25Index
+def ranking_result(outputs: dict) -> dict:
+    """What the benchmark keeps of one retrieval pipeline run (its declared ``documents`` output): ranked ids and
+    the query's raw norm."""
+    if "documents" not in outputs:
+        raise ValueError("the retrieval pipeline declares no documents output (metadata.rag_mag.outputs.documents)")
+    documents = outputs["documents"]
+    raw = next((d.meta.get("query_raw_norm") for d in documents if d.meta.get("query_raw_norm") is not None), None)
+    return {"ids": [d.id for d in documents], "query_raw_norm": raw}
 
-    index = BM25Index(dataset.corpus)
-    rows, scores = index.search([r.question for r in dataset.records], top_k)
-    documents = _documents(dataset)
-    return [[Document(id=documents[i].id, content=documents[i].content, meta=documents[i].meta, score=float(s))
-             for i, s in zip(row, row_scores, strict=True)] for row, row_scores in zip(rows, scores, strict=True)]
+
+def answer_result(outputs: dict) -> dict:
+    """What the benchmark keeps of one answering pipeline run: the raw reply and the passages the reader got
+    (with the retrieval round of each, where the pipeline tags it), from its declared ``answers`` output, and
+    the number of retrieval rounds (its ``queries`` output, where it declares one, as rag_multihop.yaml does)."""
+    from rag_mag.serving.answers import first_answer
+
+    answer = first_answer(outputs)
+    return {"reply": answer.data or "",
+            "documents": [[d.id, (d.meta or {}).get("hop")] for d in (answer.documents or [])],
+            "rounds": len(outputs["queries"]) if outputs.get("queries") else 1}
 
 
-def evaluate_cell(dataset: EvalDataset, system, generator, config: BenchConfig) -> dict:
-    from rag_mag.diagnostics import coefficient_of_variation, cohens_d
-    from rag_mag.metrics import contains_answer, load_qa_metric, recall_curve, score_answers, score_retrieval
+def bm25_rank(dataset: EvalDataset, top_k: int) -> list[list[str]]:
+    from rag_mag.retriever.bm25 import BM25Index
 
-    questions = [r.question for r in dataset.records]
-    golds = [list(r.answers) for r in dataset.records]
-    cell: dict = {"n_questions": len(questions)}
-    ranked: list[list[Document]] | None = None
-    if system.name == "bm25":
-        ranked = bm25_retrieve(dataset, config.retrieval_top_k)
-    elif system.checkpoint is not None:
-        ranked, norms = dense_retrieve(dataset, system.checkpoint, config.retrieval_top_k, config.encode_bf16)
-        relevant = dataset.relevant_passage_mask()
-        cell["diagnostics"] = {
-            "document_norm_cohens_d": cohens_d(norms["document_raw"][relevant], norms["document_raw"][~relevant]),
-            "query_norm_cv": coefficient_of_variation(norms["query_raw"]),
-            "document_norm_cv": coefficient_of_variation(norms["document_raw"]),
-            "query_norm_mean": float(norms["query_raw"].mean()),
-            "document_norm_mean": float(norms["document_raw"].mean()),
-            "n_relevant_passages": int(relevant.sum()),
-        }
-        cell["norm_samples"] = {"relevant": _sample(norms["document_raw"][relevant]),
-                                "irrelevant": _sample(norms["document_raw"][~relevant])}
+    rows, _ = BM25Index(dataset.corpus).search([r.question for r in dataset.records], top_k)
+    return [[dataset.corpus[i].id for i in row] for row in rows]
+
+
+def gold_documents(dataset: EvalDataset, cap: int) -> list[list[Document]] | None:
+    """Per question, its gold passages: the supporting ones where the data names them, else its own
+    answer-bearing contexts (at most ``cap`` of those). ``None`` when no question has any (no oracle)."""
+    passages = {p.id: p for p in dataset.corpus}
+    gold: list[list[Document]] = []
+    for record in dataset.records:
+        if dataset.mode_of(record) == "supporting":
+            ids = [i for i in record.supporting_ids if i in passages]
+        else:
+            ids = list(dataset.known_answer_ids(record))[:cap]
+        gold.append([Document(id=i, content=passages[i].text, meta={"title": passages[i].title}) for i in ids])
+    return gold if any(gold) else None
+
+
+def budget_recall(dataset: EvalDataset, given: Sequence[Sequence[str]],
+                  ranked: Sequence[Sequence[str]] | None) -> dict[str, np.ndarray]:
+    """Per question: the budget (number of passages the reader got), recall of those passages at that
+    budget, and recall of the retriever's own first-round ranking cut at the same budget.
+
+    Recall is the dataset's: the fraction of supporting passages found, or an answer-bearing hit."""
+    budgets, union, first = [], [], []
+    for index, record in enumerate(dataset.records):
+        ids = list(dict.fromkeys(given[index]))
+        budget = len(ids)
+        budgets.append(budget)
+        union.append(recall(dataset.judge(record, ids), budget) if budget else 0.0)
+        if ranked is not None:
+            top = list(ranked[index])[:budget]
+            first.append(recall(dataset.judge(record, top), budget) if budget and top else 0.0)
+    result = {"budget": np.asarray(budgets, dtype=float), "recall@budget": np.asarray(union, dtype=float)}
     if ranked is not None:
-        judgements = dataset.judge_all([[d.id for d in docs] for docs in ranked])
-        retrieval = score_retrieval(judgements)
-        cell["retrieval"] = retrieval.means
-        cell["retrieval_mode"] = retrieval.mode
-        cell["retrieval_per_example"] = {k: v.tolist() for k, v in retrieval.per_example.items()}
-        cell["recall_curve"] = recall_curve(judgements, RECALL_CURVE_K)
-        cell["top_ids"] = [[d.id for d in docs[: config.rag_top_k]] for docs in ranked]
-    contexts = None if system.name == "closed_book" else [docs[: config.rag_top_k] for docs in ranked]
-    predictions = generator.answer_all(questions, contexts, progress=f"{dataset.name}/{system.label}")
+        result["round1_recall@budget"] = np.asarray(first, dtype=float)
+    return result
+
+
+def ranking_scores(dataset: EvalDataset, ranked: Sequence[Sequence[str]]) -> dict:
+    """The retriever's ranking metrics (recall@1/5/20, complete@k, nDCG@10, MRR@10) and recall curve."""
+    from rag_mag.metrics import recall_curve, score_retrieval
+
+    judgements = dataset.judge_all([list(ids) for ids in ranked])
+    scores = score_retrieval(judgements)
+    return {"retrieval": dict(scores.means), "retrieval_mode": scores.mode,
+            "retrieval_per_example": {k: v.tolist() for k, v in scores.per_example.items()},
+            "recall_curve": recall_curve(judgements, RECALL_CURVE_K)}
+
+
+def answer_scores(predictions: list[str], golds: list[list[str]]) -> dict:
+    from rag_mag.metrics import contains_answer, load_qa_metric, score_answers
+
     scores = score_answers(predictions, golds)
     official = load_qa_metric().compute(predictions=predictions, references=golds)
     # "accuracy": a gold alias occurs in the prediction (lenient; small generators answer in sentences)
     accuracy = np.array([float(contains_answer(p, g)) for p, g in zip(predictions, golds, strict=True)])
-    cell["rag"] = {"em": official["exact_match"], "f1": official["f1"], "accuracy": 100.0 * float(accuracy.mean())}
-    cell["rag_per_example"] = {"em": scores.em_per_example.tolist(), "f1": scores.f1_per_example.tolist(),
-                               "accuracy": accuracy.tolist()}
-    cell["predictions"] = predictions
-    return cell
+    return {"rag": {"em": official["exact_match"], "f1": official["f1"], "accuracy": 100.0 * float(accuracy.mean())},
+            "rag_per_example": {"em": scores.em_per_example.tolist(), "f1": scores.f1_per_example.tolist(),
+                                "accuracy": accuracy.tolist()},
+            "predictions": predictions}
+
+
+def add_budget(cell: dict, budget: dict[str, np.ndarray]) -> None:
+    """Put the at-budget recalls into the cell's retrieval block (means in [0, 100], per-question values)."""
+    cell.setdefault("retrieval", {})
+    cell.setdefault("retrieval_per_example", {})
+    for metric in ("recall@budget", "round1_recall@budget"):
+        if metric in budget:
+            cell["retrieval"][metric] = 100.0 * float(budget[metric].mean()) if len(budget[metric]) else 0.0
+            cell["retrieval_per_example"][metric] = budget[metric].tolist()
+    cell["budget"] = {"mean": float(budget["budget"].mean()) if len(budget["budget"]) else 0.0,
+                      "max": int(budget["budget"].max()) if len(budget["budget"]) else 0}
+
+
+def diagnostics(dataset: EvalDataset, query_raw_norms: np.ndarray, document_raw_norms: np.ndarray) -> dict:
+    """The paper's norm diagnostics of one retriever on one dataset, and samples for the histograms."""
+    from rag_mag.retriever.diagnostics import diagnostics_of_norms
+
+    relevant = dataset.relevant_passage_mask()
+    return {
+        "diagnostics": {**diagnostics_of_norms(query_raw_norms, document_raw_norms, relevant),
+                        "n_relevant_passages": int(relevant.sum())},
+        "norm_samples": {"relevant": _sample(document_raw_norms[relevant]),
+                         "irrelevant": _sample(document_raw_norms[~relevant])},
+    }
 
 
 def _sample(values: np.ndarray, size: int = 2000) -> list[float]:
@@ -108,15 +183,15 @@ def _sample(values: np.ndarray, size: int = 2000) -> list[float]:
     return [round(float(v), 4) for v in values]
 
 
-def side_predictors(datasets: dict[str, EvalDataset], train_file: Path, config: BenchConfig) -> dict:
+def side_predictors(datasets: dict[str, EvalDataset], train_file: Path, config) -> dict:
     """delta-CV and Fisher predictions of qnorm vs dnorm from the *base* model, before any training.
 
     On the training data (what fine-tuning starts from): queries, their first positive and first hard
     negative. Per dataset: the questions and the passages judged relevant to them (delta-CV only).
     """
     from rag_mag.data import read_triples
-    from rag_mag.diagnostics import predict_side_by_fisher, select_side_by_cv
-    from rag_mag.encoder import MagnitudeEncoder
+    from rag_mag.retriever.diagnostics import predict_side_by_fisher, select_side_by_cv
+    from rag_mag.retriever.encoder import MagnitudeEncoder
 
     encoder = MagnitudeEncoder.build(config.train.get("base_model") or None, "cosine")
     triples = [t for t in read_triples(train_file) if t.hard_negatives]

@@ -1,10 +1,13 @@
-"""``rag-mag bench``: train once per strategy and seed, index, retrieve, generate, score, report.
+"""``rag-mag bench``: train once per strategy and seed, index, run the YAML pipelines, score, report.
 
-Work is split into cells (dataset x system x seed). Each finished cell is saved as JSON under
-``<report>/cells/`` together with the key of everything it depends on; a rerun skips cells whose
-key still matches, so an interrupted benchmark resumes where it stopped. Trained retrievers are
-cached under ``artifacts/bench/retrievers/<key>`` (the key hashes the training config and the data),
-and generations are cached by prompt.
+Work is split into cells: a dataset x a row (a retriever through one of the config's pipelines, named
+``PIPELINE:SYSTEM``, or a reader baseline) x a seed. Each finished cell is saved as JSON under
+``<report>/cells/`` together with the key of everything it depends on (the pipeline files' contents
+included); a rerun skips cells whose key still matches, so an interrupted benchmark resumes where it
+stopped. A cell whose generations keep failing is reported and skipped; the run goes on. Trained
+retrievers are cached under ``artifacts/bench/retrievers/<key>`` (the key hashes the training config
+and the data), indexes under ``artifacts/bench/indexes/<key>``, and pipeline results per question in
+``<report>/cache/``.
 """
 
 from __future__ import annotations
@@ -18,18 +21,31 @@ from typing import Any
 
 import numpy as np
 
-from rag_mag.bench.config import BenchConfig, file_digest, fingerprint, resolve_path
+from rag_mag import durable
+from rag_mag.bench.config import (
+    READER_BASELINES,
+    BenchConfig,
+    PipelineEntry,
+    file_digest,
+    fingerprint,
+    resolve_path,
+    system_name,
+)
+from rag_mag.bench.datasets import EvalDataset, data_root, load_eval_dataset, parse_dataset_arg
+from rag_mag.bench.generation import CellFailed, resolve_pipeline
 from rag_mag.data import read_triples, write_jsonl
-from rag_mag.datasets import EvalDataset, data_root, load_eval_dataset, parse_dataset_arg
 from rag_mag.errors import ConfigError
 from rag_mag.models import artifacts_dir
 
 logger = logging.getLogger(__name__)
-CELL_FORMAT = 2  # bump when a cell's content changes, so that older cells are recomputed
+CELL_FORMAT = 3  # bump when a cell's content changes, so that older cells are recomputed
 
 
 @dataclass(frozen=True)
 class System:
+    """A retriever (a strategy's trained checkpoint, ``base_cosine``) or a reader baseline (``bm25``,
+    ``closed_book``, ``oracle``: no checkpoint)."""
+
     name: str  # a strategy name, or a baseline name
     seed: int
     checkpoint: Path | None  # dense systems only
@@ -37,6 +53,22 @@ class System:
     @property
     def label(self) -> str:
         return f"{self.name}__s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One (pipeline, system) pair: a row of the report, named ``PIPELINE:SYSTEM`` (plain for reader baselines)."""
+
+    system: System
+    pipeline: PipelineEntry | None
+
+    @property
+    def name(self) -> str:
+        return system_name(self.pipeline.name if self.pipeline else None, self.system.name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name.replace(':', '__')}__s{self.system.seed}"
 
 
 class BenchRunner:
@@ -90,9 +122,9 @@ class BenchRunner:
 
     def _mine(self, datasets: dict[str, EvalDataset]) -> Path:
         from rag_mag.bench.config import MineConfig
-        from rag_mag.config import make_config
         from rag_mag.data import read_corpus, read_pairs
-        from rag_mag.mining import evaluation_keys, mine_triples
+        from rag_mag.retriever.config import make_config
+        from rag_mag.retriever.mining import evaluation_keys, mine_triples
 
         mine = make_config(MineConfig, self.config.mine, source="mine config")
         pairs_path, corpus_path = resolve_path(mine.pairs, self.root), resolve_path(mine.corpus, self.root)
@@ -112,10 +144,13 @@ class BenchRunner:
         return target
 
     def train_systems(self, train_file: Path) -> list[System]:
-        from rag_mag.trainer import Trainer
+        from rag_mag.retriever.trainer import Trainer
 
         systems = []
         for strategy in self.config.strategies:
+            if strategy in self.config.retrievers:
+                systems += self.given_systems(strategy)
+                continue
             for seed in self.config.seeds_of(strategy):
                 base = self.config.train_config(seed, strategy, str(train_file))
                 settings = {k: v for k, v in base.to_dict().items() if k not in ("out", "resume", "train_data")}
@@ -125,16 +160,33 @@ class BenchRunner:
                     logger.info("training %s (seed %d) into %s", strategy, seed, folder)
                     started = time.perf_counter()
                     result = Trainer(self.config.train_config(seed, strategy, str(train_file), str(folder))).train()
-                    (folder / "done.json").write_text(json.dumps({
+                    durable.write_text(folder / "done.json", json.dumps({
                         "best_validation": result.best_metrics, "steps": result.step,
                         "seconds": round(time.perf_counter() - started, 1)}, indent=2))
                 systems.append(System(strategy, seed, folder / "best"))
         return systems
 
+    def given_systems(self, strategy: str) -> list[System]:
+        """The config's already trained checkpoints of a strategy (seeds numbered in list order)."""
+        from rag_mag.retriever.encoder import CONFIG_NAME, resolve_checkpoint_dir
+
+        systems = []
+        for seed, text in enumerate(self.config.retrievers[strategy]):
+            folder = resolve_checkpoint_dir(resolve_path(text, self.root))
+            try:
+                saved = json.loads((folder / CONFIG_NAME).read_text()).get("strategy")
+            except (OSError, json.JSONDecodeError):
+                raise ConfigError(f"retrievers.{strategy}: {folder} is not a rag-mag checkpoint (no readable "
+                                  f"{CONFIG_NAME}); train one with `rag-mag train` or fix the path") from None
+            if saved != strategy:
+                raise ConfigError(f"retrievers.{strategy}: {folder} holds a {saved} retriever, not {strategy}")
+            systems.append(System(strategy, seed, folder))
+        return systems
+
     def baseline_systems(self) -> list[System]:
         systems = []
         if "base_cosine" in self.config.baselines:
-            from rag_mag.encoder import MagnitudeEncoder
+            from rag_mag.retriever.encoder import MagnitudeEncoder
 
             base_model = self.config.train.get("base_model") or None
             folder = artifacts_dir() / "bench" / "retrievers" / f"base-cosine-{fingerprint(base_model)}"
@@ -143,68 +195,97 @@ class BenchRunner:
             systems.append(System("base_cosine", 0, folder))
         if "bm25" in self.config.baselines:
             systems.append(System("bm25", 0, None))
-        if "closed_book" in self.config.baselines:
-            systems.append(System("closed_book", 0, None))
+        for name in ("closed_book", "oracle"):
+            if name in self.config.baselines:
+                systems.append(System(name, 0, None))
         return systems
+
+    def rows(self, systems: list[System]) -> list[Row]:
+        """Every dense system through every scored pipeline; each reader baseline once."""
+        entries = self.config.pipeline_entries()
+        dense = [Row(system, entry) for entry in entries for system in systems if system.checkpoint is not None]
+        return dense + [Row(system, None) for system in systems if system.name in READER_BASELINES]
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Path:
-        from rag_mag.bench.cells import evaluate_cell
-        from rag_mag.bench.generation import BenchGenerator, GenerationCache
-        from rag_mag.bench.llm import llm_server
+        from rag_mag.bench.cells import side_predictors
+        from rag_mag.bench.generation import GenerationCache
+        from rag_mag.bench.scoring import CellScorer
+        from rag_mag.bench.summary import write_outputs
+        from rag_mag.serving.llm_server import running_server
 
         self.out.mkdir(parents=True, exist_ok=True)
+        for path in [self.config.retrieval_pipeline, self.config.reader_pipeline] + \
+                [entry.path for entry in self.config.pipeline_entries()]:
+            resolve_pipeline(path)  # a missing file fails now, not after training
         datasets = self.load_datasets()
         train_file = self.prepare_training_data(datasets)
         systems = self.train_systems(train_file) + self.baseline_systems()
         self.systems = systems
-        cells = []
-        with llm_server(self.config) as llm_url:
-            generator = BenchGenerator(resolve_path(self.config.pipeline), llm_url,
-                                       GenerationCache(self.out / "cache" / "generations.jsonl"),
-                                       self.config.max_tokens, self.config.concurrency)
-            total = len(datasets) * len(systems)
-            for dataset in datasets.values():
-                for system in systems:
-                    cells.append(self._cell(dataset, system, generator, evaluate_cell, len(cells) + 1, total))
-        from rag_mag.bench.cells import side_predictors
-
+        rows = self.rows(systems)
+        with running_server(self.config.llm_url, start=self.config.start_llm) as llm_url:
+            scorer = CellScorer(self.config, llm_url, GenerationCache(self.out / "cache" / "generations.jsonl"))
+            work = [(dataset, row) for dataset in datasets.values() for row in rows
+                    if row.pipeline is None or row.pipeline.covers(dataset.name)]
+            cells, failures = self.score_cells(work, scorer)
+        if not cells:
+            raise CellFailed("every benchmark cell failed; see the errors above: " +
+                             "; ".join(f"{f['dataset']}/{f['system']}: {f['error']}" for f in failures[:3]))
         predictors = side_predictors(datasets, train_file, self.config)
-        from rag_mag.bench.summary import write_outputs
+        return write_outputs(self, cells, predictors, datasets, failures)
 
-        return write_outputs(self, cells, predictors, datasets)
+    def score_cells(self, work: list[tuple[EvalDataset, Row]], scorer) -> tuple[list[dict], list[dict]]:
+        """Every (dataset, row) cell in turn; one that fails (``CellFailed``) is recorded and the run goes on."""
+        cells, failures = [], []
+        for number, (dataset, row) in enumerate(work, start=1):
+            try:
+                cell = self._cell(dataset, row, scorer, number, len(work))
+            except CellFailed as error:
+                logger.error("[%d/%d] %s / %s failed: %s", number, len(work), dataset.name, row.name, error)
+                failures.append({"dataset": dataset.name, "system": row.name, "seed": row.system.seed,
+                                 "error": str(error)})
+                continue
+            if cell is not None:
+                cells.append(cell)
+        return cells, failures
 
-    def _cell(self, dataset: EvalDataset, system: System, generator, evaluate_cell, number: int, total: int) -> dict:
-        key = fingerprint(CELL_FORMAT, self.config.encode_bf16, self.config.retrieval_top_k, self.config.rag_top_k,
-                          self.config.max_tokens,
-                          generator.model, str(system.checkpoint), [r.id for r in dataset.records],
-                          len(dataset.corpus), file_digest(resolve_path(self.config.pipeline)))
-        path = self.cells_dir / f"{dataset.name}__{system.label}.json"
+    def _cell(self, dataset: EvalDataset, row: Row, scorer, number: int, total: int) -> dict | None:
+        used = [self.config.reader_pipeline] if row.pipeline is None else \
+            [row.pipeline.path] + ([self.config.retrieval_pipeline] if row.system.checkpoint is not None else [])
+        key = fingerprint(CELL_FORMAT, self.config.encode_precision, self.config.retrieval_top_k, self.config.rag_top_k,
+                          self.config.max_tokens, row.name, str(row.system.checkpoint),
+                          row.pipeline.max_questions if row.pipeline else None,
+                          [r.id for r in dataset.records], len(dataset.corpus),
+                          [file_digest(resolve_pipeline(path)) for path in used],
+                          scorer.primary_pipeline(dataset.name))
+        path = self.cells_dir / f"{dataset.name}__{row.label}.json"
         if path.is_file():
             saved = json.loads(path.read_text())
             if saved.get("key") == key:
-                logger.info("[%d/%d] %s / %s: done earlier, reused", number, total, dataset.name, system.label)
+                logger.info("[%d/%d] %s / %s: done earlier, reused", number, total, dataset.name, row.name)
                 return saved
-        logger.info("[%d/%d] %s / %s", number, total, dataset.name, system.label)
+        logger.info("[%d/%d] %s / %s", number, total, dataset.name, row.name)
         started = time.perf_counter()
-        cell = evaluate_cell(dataset, system, generator, self.config)
-        cell.update(key=key, dataset=dataset.name, system=system.name, seed=system.seed,
+        cell = scorer.evaluate(dataset, row)
+        if cell is None:
+            return None
+        cell.update(key=key, dataset=dataset.name, system=row.name, seed=row.system.seed,
+                    pipeline=row.pipeline.path if row.pipeline else self.config.reader_pipeline,
                     seconds=round(time.perf_counter() - started, 1))
         write_jsonl_atomic(path, cell)
         return cell
 
     def environment(self) -> dict[str, Any]:
-        from rag_mag.report import collect_environment
+        from rag_mag.bench.report import collect_environment
 
-        return collect_environment(self.command, extra={"config_file": self.config_path,
-                                                        "pipeline": self.config.pipeline})
+        return collect_environment(self.command, extra={
+            "config_file": self.config_path,
+            "pipelines": ", ".join(entry.path for entry in self.config.pipeline_entries()),
+            "reader_pipeline": self.config.reader_pipeline, "retrieval_pipeline": self.config.retrieval_pipeline})
 
 
 def write_jsonl_atomic(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(record, default=_json_default))
-    staging.replace(path)
+    durable.write_text(path, json.dumps(record, default=_json_default))
 
 
 def _json_default(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Turn finished cells into result rows and hand them to the report writer (rag_mag/report.py)."""
+"""Turn finished cells into result rows and hand them to the report writer (rag_mag/bench/report.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_mag.report import write_report
-from rag_mag.stats import bootstrap_ci
+from rag_mag.bench.report import write_report
+from rag_mag.bench.stats import bootstrap_ci, compare_paired
 
 
 def cell_to_row(cell: dict, predictors: dict, resamples: int) -> dict:
@@ -29,6 +29,7 @@ def cell_to_row(cell: dict, predictors: dict, resamples: int) -> dict:
         diagnostics["fisher_predictor"] = predictors.get("training_data", {}).get("fisher")
     return {"dataset": cell["dataset"], "system": cell["system"], "seed": cell["seed"],
             "n_questions": cell["n_questions"], "retrieval": retrieval, "rag": rag, "diagnostics": diagnostics,
+            "pipeline": cell.get("pipeline"), "budget": cell.get("budget"), "rounds": cell.get("rounds"),
             "seconds": cell.get("seconds")}
 
 
@@ -65,23 +66,72 @@ def training_section(curves: dict) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict) -> Path:
+def rounds_section(cells: list[dict], resamples: int) -> str | None:
+    """Per multi-round row: recall of the union of all rounds against the first round alone, at the same budget."""
+    rows = []
+    for cell in cells:
+        values = cell.get("retrieval_per_example") or {}
+        if cell.get("rounds", 1.0) <= 1.0 or "round1_recall@budget" not in values:
+            continue
+        union = np.asarray(values["recall@budget"])
+        first = np.asarray(values["round1_recall@budget"])
+        result = compare_paired(union, first, n_resamples=resamples).to_dict(scale=100.0)
+        low, high = result["delta_ci"]
+        verdict = "helps" if low > 0 else "hurts" if high < 0 else "no clear difference"
+        rows.append(f"| {cell['dataset']} | {cell['system']} | {cell['n_questions']} | {cell['rounds']:.2f} | "
+                    f"{cell['budget']['mean']:.1f} | {100 * first.mean():.1f} | {100 * union.mean():.1f} | "
+                    f"{result['delta']:+.1f} [{low:+.1f}, {high:+.1f}] | {result['p_value']:.3f} | {verdict} |")
+    if not rows:
+        return None
+    return "\n".join([
+        "## Multi-hop: does the second round help?", "",
+        "Retrieval of a multi-round pipeline is judged on the union of all rounds' passages (what the reader was "
+        "given). The budget is that number of passages per question (at most top_k per round: 6 for "
+        "rag_multihop.yaml's two rounds at the benchmark's rag_top_k of 3), and the first round "
+        "alone is judged at the same budget: the retriever's top-*budget* for the question. Recall is the "
+        "dataset's (fraction of supporting passages, or an answer-bearing hit); Δ = union - first round, with a "
+        "paired 95% bootstrap CI and permutation p-value.", "",
+        "| dataset | system | n | rounds | budget | round 1 only | all rounds | Δ [95% CI] | p | second round |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows])
+
+
+def failures_section(failures: list[dict]) -> str | None:
+    if not failures:
+        return None
+    lines = ["## Failed cells", "",
+             "These cells kept failing after the generator's retries and the benchmark's waits (llm_timeout, "
+             "llm_max_retries, llm_retry_waits); they have no row above. Rerun the same command to compute them: "
+             "every finished cell and cached answer is reused.", "", "| dataset | system | error |", "|---|---|---|"]
+    lines += [f"| {f['dataset']} | {f['system']} | {f['error'].replace('|', '/')} |" for f in failures]
+    return "\n".join(lines)
+
+
+def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict, failures: list[dict] | None = None,
+                  ) -> Path:
     config = runner.config
+    failures = list(failures or [])
     rows = [cell_to_row(cell, predictors, config.bootstrap_resamples) for cell in cells]
     per_example, norms = {}, {}
     for cell in cells:
         key = (cell["dataset"], cell["system"], cell["seed"])
-        values = {"ids": [r.id for r in datasets[cell["dataset"]].records]}
+        # a row may answer only the first n questions (a pipeline's max_questions)
+        values = {"ids": [r.id for r in datasets[cell["dataset"]].records][: cell["n_questions"]]}
         values.update({k: np.asarray(v) for k, v in cell["rag_per_example"].items()})
         values.update({k: np.asarray(v) for k, v in (cell.get("retrieval_per_example") or {}).items()})
         per_example[key] = values
         if cell.get("norm_samples") and cell["seed"] == min(c["seed"] for c in cells if c["system"] == cell["system"]):
             norms[(cell["dataset"], cell["system"])] = {k: np.asarray(v) for k, v in cell["norm_samples"].items()}
     notes = list(config.notes)
+    if failures:
+        notes.append(f"{len(failures)} cell(s) failed and have no row; see the section 'Failed cells'.")
     training = training_curves(runner.systems)
+    sections = [section for section in (rounds_section(cells, config.bootstrap_resamples),
+                                        training_section(training) if training else None,
+                                        failures_section(failures)) if section]
+    primary = config.pipeline_entries()[0].name
     write_report(runner.out, rows, config=config.to_dict(), environment=runner.environment(),
                  per_example=per_example, norms=norms, in_domain=config.in_domain,
                  title=config.name, command=runner.command, notes=notes,
-                 n_resamples=config.bootstrap_resamples, sections=[training_section(training)] if training else [],
-                 extra={"training": training})
+                 n_resamples=config.bootstrap_resamples, sections=sections, primary_pipeline=primary,
+                 extra={"training": training, "failures": failures})
     return runner.out

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_mag.data import EvalRecord, Passage
-from rag_mag.datasets import (
+from rag_mag.bench.datasets import (
     DatasetSpec,
     data_root,
     load_eval_dataset,
@@ -18,6 +17,7 @@ from rag_mag.datasets import (
     spec_from_mapping,
     with_corpus,
 )
+from rag_mag.data import EvalRecord, Passage
 from rag_mag.errors import ConfigError, DataError
 
 REQUIRED = ("trivia_qa", "nq_open", "hotpot_qa", "musique", "2wikimultihopqa")

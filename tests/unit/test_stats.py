@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag_mag.stats import bootstrap_ci, bootstrap_means, compare_paired, paired_permutation_test
+from rag_mag.bench.stats import bootstrap_ci, bootstrap_means, compare_paired, paired_permutation_test
 
 
 def test_bootstrap_ci_covers_the_mean_and_shrinks_with_n():

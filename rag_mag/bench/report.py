@@ -22,8 +22,8 @@ confidence intervals of seed-averaged systems and the paired tests against ``bas
 
 Several seeds of one system are averaged per question before the bootstrap, so a CI covers question
 sampling of the seed-averaged system; the spread over seeds is shown in its own table. Every file is
-written atomically (temporary file, then ``os.replace``). The section "Paper findings: held or not"
-is computed from the numbers by ``paper_findings``.
+written atomically and durably (rag_mag.durable: temporary file, fsync, rename). The section "Paper
+findings: held or not" is computed from the numbers by ``paper_findings``.
 """
 
 from __future__ import annotations
@@ -37,26 +37,27 @@ import os
 import platform
 import shlex
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rag_mag.bench.config import split_system, system_name
+from rag_mag.bench.stats import bootstrap_ci, compare_paired
 from rag_mag.models import REPO_ROOT
-from rag_mag.stats import bootstrap_ci, compare_paired
 
 logger = logging.getLogger(__name__)
 
-STRATEGY_ORDER = ("cosine", "dot", "qnorm", "dnorm", "learnable", "base_cosine", "bm25", "closed_book")
+STRATEGY_ORDER = ("cosine", "dot", "qnorm", "dnorm", "learnable", "base_cosine", "bm25", "closed_book", "oracle")
 ONE_SIDED = ("qnorm", "dnorm")
 DOCUMENT_MAGNITUDE = ("dot", "qnorm", "learnable")  # systems whose scores use the document norm
-RETRIEVAL_COLUMNS = ("recall@1", "recall@5", "recall@20", "ndcg@10", "mrr@10")
-COMPARED = ("em", "f1", "accuracy", "ndcg@10", "recall@5")
-LABELS = {"em": "EM", "f1": "F1", "accuracy": "accuracy", "ndcg@10": "nDCG@10", "mrr@10": "MRR@10"}
+RETRIEVAL_COLUMNS = ("recall@1", "recall@5", "recall@20", "ndcg@10", "mrr@10", "recall@budget")
+COMPARED = ("em", "f1", "accuracy", "ndcg@10", "recall@5", "recall@budget")
+LABELS = {"em": "EM", "f1": "F1", "accuracy": "accuracy", "ndcg@10": "nDCG@10", "mrr@10": "MRR@10",
+          "recall@budget": "recall@budget"}
 PACKAGES = ("rag-mag", "torch", "transformers", "haystack-ai", "vllm-haystack", "faiss-cpu", "datasets",
             "evaluate", "bm25s", "numpy", "matplotlib", "sentence-transformers")
 ALPHA = 0.05
@@ -125,9 +126,12 @@ def _machine() -> dict:
 
 
 # ------------------------------------------------------------------------------ aggregation
-def _rank(name: str) -> tuple[int, str]:
-    """Strategies first in the paper's order, then the baselines, then anything else by name."""
-    return (STRATEGY_ORDER.index(name) if name in STRATEGY_ORDER else len(STRATEGY_ORDER), name)
+def _rank(name: str) -> tuple[int, str, int, str]:
+    """Rows of pipelines first (``rag:...``, by pipeline name), then the reader baselines; within each, the
+    strategies in the paper's order, then the baselines, then anything else by name."""
+    pipeline, system = split_system(name)
+    return (0 if pipeline else 1, pipeline or "",
+            STRATEGY_ORDER.index(system) if system in STRATEGY_ORDER else len(STRATEGY_ORDER), system)
 
 
 def _order(names: Sequence[str]) -> list[str]:
@@ -225,27 +229,36 @@ def aggregate(rows: Sequence[Mapping], per_example: Mapping | None = None, n_res
     return cells
 
 
+def reference_system(system: str, baseline: str = "cosine", primary_pipeline: str | None = None) -> str:
+    """What a row is compared against: ``baseline`` in the same pipeline (``rag_multihop:qnorm`` against
+    ``rag_multihop:cosine``); a reader baseline (no pipeline) against the primary pipeline's ``baseline``."""
+    pipeline, _ = split_system(system)
+    return system_name(pipeline or primary_pipeline, baseline)
+
+
 def compare_to_baseline(cells: Sequence[Cell], per_example: Mapping | None, baseline: str = "cosine",
                         metrics: Sequence[str] = COMPARED, n_resamples: int = 2000, n_permutations: int = 10000,
-                        seed: int = 0) -> list[dict]:
-    """Paired tests of every system against ``baseline`` on the same questions of each dataset."""
+                        seed: int = 0, primary_pipeline: str | None = None) -> list[dict]:
+    """Paired tests of every system against ``baseline`` on the same questions of each dataset (see
+    ``reference_system`` for which row that is)."""
     per_example = per_example or {}
     by_key = {(cell.dataset, cell.system): cell for cell in cells}
     comparisons = []
     for cell in cells:
-        reference = by_key.get((cell.dataset, baseline))
-        if cell.system == baseline or reference is None:
+        reference_name = reference_system(cell.system, baseline, primary_pipeline)
+        reference = by_key.get((cell.dataset, reference_name))
+        if cell.system == reference_name or reference is None:
             continue
         for metric in metrics:
             if metric not in cell.means or metric not in reference.means:
                 continue
-            entry = {"dataset": cell.dataset, "system": cell.system, "baseline": baseline, "metric": metric,
+            entry = {"dataset": cell.dataset, "system": cell.system, "baseline": reference_name, "metric": metric,
                      "delta": cell.means[metric] - reference.means[metric], "delta_ci": None, "p_value": None,
                      "n": None}
             ours = _seed_averaged(per_example, cell.dataset, cell.system, cell.seeds, metric)
-            theirs = _seed_averaged(per_example, cell.dataset, baseline, reference.seeds, metric)
+            theirs = _seed_averaged(per_example, cell.dataset, reference_name, reference.seeds, metric)
             if ours is not None and theirs is not None:
-                first, second = _align(ours, theirs, f"{cell.dataset}/{cell.system} vs {baseline}")
+                first, second = _align(ours, theirs, f"{cell.dataset}/{cell.system} vs {reference_name}")
                 result = compare_paired(first, second, n_resamples=n_resamples, n_permutations=n_permutations,
                                         seed=seed).to_dict(scale=100.0)
                 entry.update(delta=result["delta"], delta_ci=result["delta_ci"], p_value=result["p_value"],
@@ -285,9 +298,27 @@ def _significant_gain(entry: Mapping | None) -> bool:
     return bool(entry and entry["delta"] > 0 and entry["p_value"] is not None and entry["p_value"] < ALPHA)
 
 
+def of_pipeline(cells: Sequence[Cell], comparisons: Sequence[Mapping], pipeline: str | None,
+                ) -> tuple[list[Cell], list[dict]]:
+    """The rows of one pipeline and of the reader baselines, named by their system alone (``qnorm``), with their
+    comparisons; ``pipeline=None`` keeps everything as it is."""
+    if pipeline is None:
+        return list(cells), [dict(entry) for entry in comparisons]
+
+    def plain(name: str) -> str | None:
+        prefix, system = split_system(name)
+        return system if prefix in (None, pipeline) else None
+
+    kept = [replace(cell, system=plain(cell.system)) for cell in cells if plain(cell.system)]
+    entries = [{**entry, "system": plain(entry["system"]), "baseline": plain(entry["baseline"])}
+               for entry in comparisons if plain(entry["system"]) and plain(entry["baseline"])]
+    return kept, entries
+
+
 def paper_findings(cells: Sequence[Cell], comparisons: Sequence[Mapping], in_domain: Sequence[str] = (),
                    baseline: str = "cosine") -> list[dict]:
-    """Each of PAPER.md's checkable findings with a verdict computed from the numbers."""
+    """Each of PAPER.md's checkable findings with a verdict computed from the numbers (of plain system
+    names: give one pipeline's rows through ``of_pipeline``)."""
     datasets = list(dict.fromkeys(cell.dataset for cell in cells))
     by_key = {(cell.dataset, cell.system): cell for cell in cells}
     findings = []
@@ -457,21 +488,16 @@ def _json_safe(value: Any) -> Any:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
-    try:
-        with handle:
-            handle.write(data)
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
+    from rag_mag import durable
+
+    durable.write_bytes(path, data)
 
 
 # ------------------------------------------------------------------------------ markdown
 def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Mapping], findings: Sequence[Mapping],
                     config: Mapping, environment: Mapping, plots: Sequence[Path], baseline: str = "cosine",
-                    notes: Sequence[str] = (), sections: Sequence[str] = ()) -> str:
+                    notes: Sequence[str] = (), sections: Sequence[str] = (),
+                    primary_pipeline: str | None = None) -> str:
     datasets = list(dict.fromkeys(cell.dataset for cell in cells))
     systems = _order([cell.system for cell in cells])
     by_key = {(cell.dataset, cell.system): cell for cell in cells}
@@ -484,9 +510,21 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
     lines += ["Metrics are in [0, 100]. Brackets are 95% bootstrap confidence intervals over questions; "
               f"p-values come from a paired sign-flip permutation test against {baseline} on the same questions "
               "(uncorrected for multiple comparisons).", ""]
+    if primary_pipeline:
+        lines += [f"A row named `PIPELINE:SYSTEM` is that retriever answering through `pipelines/PIPELINE.yaml` (or "
+                  f"the user's file of that name), compared against `PIPELINE:{baseline}`. `bm25`, `closed_book` "
+                  f"and `oracle` answer through the reader pipeline (the BM25 top-k, no passages, the gold "
+                  f"passages) and are compared against `{primary_pipeline}:{baseline}`. The retriever's ranking "
+                  f"(recall@k, nDCG@10, MRR@10) and the norm diagnostics are shown once per dataset, on the first "
+                  f"listed pipeline's rows; recall@budget judges the passages the reader was given (for a "
+                  f"multi-round pipeline, the union of its rounds). `oracle` is the reader's ceiling and "
+                  f"`closed_book` its floor. A figure marked (n=N) covers the first N questions only.", ""]
     lines += [f"- {note}" for note in notes] + ([""] if notes else [])
 
     lines += ["## Paper findings: held or not", ""]
+    if primary_pipeline:
+        lines += [f"Checked on the rows of the `{primary_pipeline}` pipeline (system names below without the "
+                  "prefix).", ""]
     lines += _table(["finding", "verdict", "detail"],
                     [[item["finding"], f"**{item['verdict']}**", item["detail"]] for item in findings])
     for item in findings:
@@ -496,7 +534,9 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
     header = ["system"] + [f"{dataset} (n={n_questions[dataset]})" for dataset in datasets]
     for metric, label in (("em", "Exact Match"), ("f1", "F1"),
                           ("accuracy", "accuracy (a gold alias occurs in the answer; lenient)")):
-        rows = [[system] + [_with_ci(by_key.get((dataset, system)), metric) for dataset in datasets]
+        rows = [[system] + [_with_ci(by_key.get((dataset, system)), metric) + _subset(by_key.get((dataset, system)),
+                                                                                     n_questions[dataset])
+                            for dataset in datasets]
                 for system in systems if any(metric in by_key.get((d, system), _EMPTY).means for d in datasets)]
         lines += [f"## Answers: {label}", ""] + _table(header, rows)
 
@@ -504,14 +544,15 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
     for dataset in datasets:
         modes = {cell.mode for cell in cells if cell.dataset == dataset and cell.mode}
         mode = f" (recall: {', '.join(sorted(modes))})" if modes else ""
-        rows = [[system] + [_with_ci(by_key.get((dataset, system)), metric) for metric in RETRIEVAL_COLUMNS]
+        rows = [[system + _subset(by_key.get((dataset, system)), n_questions[dataset])]
+                + [_with_ci(by_key.get((dataset, system)), metric) for metric in RETRIEVAL_COLUMNS]
                 for system in systems
                 if any(metric in by_key.get((dataset, system), _EMPTY).means for metric in RETRIEVAL_COLUMNS)]
         if rows:
             header = ["system", *(LABELS.get(metric, metric) for metric in RETRIEVAL_COLUMNS)]
             lines += [f"### {dataset}{mode}", ""] + _table(header, rows)
 
-    lines += [f"## Against {baseline}", ""]
+    lines += [f"## Against {baseline}" + (" (of the same pipeline)" if primary_pipeline else ""), ""]
     compared_metrics = [metric for metric in COMPARED if any(entry["metric"] == metric for entry in comparisons)]
     for dataset in datasets:
         rows = []
@@ -543,7 +584,7 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
               "relevant passages are longer); CV is the coefficient of variation of the raw norms. The delta-CV "
               "selector keeps the magnitude of the side whose base-model norms vary more; the Fisher predictor "
               "picks the one-sided strategy whose InfoNCE Fisher is better conditioned at the start of training "
-              "(rag_mag/diagnostics.py documents both).", ""]
+              "(rag_mag/retriever/diagnostics.py documents both).", ""]
     diag_rows = [[cell.dataset, cell.system, _number(_finite(cell.diagnostics.get("document_norm_cohens_d")), 2),
                   _number(_finite(cell.diagnostics.get("query_norm_cv")), 3),
                   _number(_finite(cell.diagnostics.get("document_norm_cv")), 3)]
@@ -553,6 +594,7 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
         lines += _table(["dataset", "system", "Cohen's d (doc norms, relevant - irrelevant)", "CV query norms",
                          "CV document norms"], diag_rows)
     predictor_rows = []
+    plain_by_key = {(cell.dataset, cell.system): cell for cell in of_pipeline(cells, [], primary_pipeline)[0]}
     for dataset in datasets:
         selector = next((c.diagnostics["side_selector"] for c in cells if c.dataset == dataset
                          and isinstance(c.diagnostics.get("side_selector"), Mapping)), None)
@@ -563,7 +605,7 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
                 dataset,
                 f"{selector['prediction']} (ΔCV {_number(_finite(selector.get('delta_cv')), 3)})" if selector else "–",
                 f"{fisher['prediction']} ({_kappa(fisher, 'qnorm')}; {_kappa(fisher, 'dnorm')})" if fisher else "–",
-                _winner(by_key, dataset, "ndcg@10") or "–", _winner(by_key, dataset, "em") or "–"])
+                _winner(plain_by_key, dataset, "ndcg@10") or "–", _winner(plain_by_key, dataset, "em") or "–"])
     if predictor_rows:
         lines += _table(["dataset", "delta-CV selector", "Fisher predictor", "winner nDCG@10", "winner EM"],
                         predictor_rows)
@@ -584,6 +626,10 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
              if key not in ("machine", "packages", "command", "git_commit", "git_dirty", "timestamp")}
     lines += [f"- {key}: {value}" for key, value in extra.items()] + [""]
     return "\n".join(lines)
+
+
+def _subset(cell: Cell | None, n_dataset: int) -> str:
+    return f" (n={cell.n_questions})" if cell is not None and cell.n_questions != n_dataset else ""
 
 
 def _kappa(fisher: Mapping, strategy: str) -> str:
@@ -680,9 +726,15 @@ def plot_norms(norms: Mapping, cells: Sequence[Cell], path: Path) -> Path | None
     return _save(figure, path)
 
 
+def _recall_k(metric: str) -> int | None:
+    """k of ``recall@k`` (None for other metrics, and for ``recall@budget``: no fixed k)."""
+    name, _, k = metric.partition("@")
+    return int(k) if name == "recall" and k.isdigit() else None
+
+
 def plot_recall(cells: Sequence[Cell], path: Path) -> Path | None:
     datasets = [d for d in dict.fromkeys(cell.dataset for cell in cells) if any(
-        c.dataset == d and (c.curve or any(k.startswith("recall@") for k in c.means)) for c in cells)]
+        c.dataset == d and (c.curve or any(_recall_k(k) for k in c.means)) for c in cells)]
     if not datasets:
         return None
     figure = _figure(4.0 * len(datasets), 3.4)
@@ -693,7 +745,7 @@ def plot_recall(cells: Sequence[Cell], path: Path) -> Path | None:
             if cell.curve:
                 ks, values = list(range(1, len(cell.curve) + 1)), cell.curve
             else:
-                points = sorted((int(k.split("@")[1]), v) for k, v in cell.means.items() if k.startswith("recall@"))
+                points = sorted((_recall_k(k), v) for k, v in cell.means.items() if _recall_k(k))
                 ks, values = [k for k, _ in points], [v for _, v in points]
             if ks:
                 axes.plot(ks, values, marker="." if len(ks) > 5 else "o", label=cell.system)
@@ -714,7 +766,8 @@ def write_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], *, config:
                  norms: Mapping | None = None, in_domain: Sequence[str] = (), baseline: str = "cosine",
                  title: str | None = None, command: Sequence[str] | str | None = None, notes: Sequence[str] = (),
                  sections: Sequence[str] = (), extra: Mapping | None = None,
-                 n_resamples: int = 2000, n_permutations: int = 10000, seed: int = 0) -> ReportFiles:
+                 n_resamples: int = 2000, n_permutations: int = 10000, seed: int = 0,
+                 primary_pipeline: str | None = None) -> ReportFiles:
     """Write ``results.json``, ``report.md`` and the plots into ``out_dir`` (see the module docstring)."""
     if not rows:
         raise ValueError("no result rows to report; run at least one (dataset, system) cell")
@@ -722,8 +775,9 @@ def write_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], *, config:
     environment = dict(environment) if environment is not None else collect_environment(command)
     cells = aggregate(rows, per_example, n_resamples=n_resamples, seed=seed)
     comparisons = compare_to_baseline(cells, per_example, baseline, n_resamples=n_resamples,
-                                      n_permutations=n_permutations, seed=seed)
-    findings = paper_findings(cells, comparisons, in_domain=in_domain, baseline=baseline)
+                                      n_permutations=n_permutations, seed=seed, primary_pipeline=primary_pipeline)
+    findings = paper_findings(*of_pipeline(cells, comparisons, primary_pipeline), in_domain=in_domain,
+                              baseline=baseline)
     plots = [plot for plot in (plot_answers(cells, out / "em_f1.png"), plot_norms(norms or {}, cells,
                                                                                     out / "document_norms.png"),
                                plot_recall(cells, out / "recall_at_k.png")) if plot is not None]
@@ -733,7 +787,8 @@ def write_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], *, config:
     results_path, report_path = out / "results.json", out / "report.md"
     _write_atomic(results_path, json.dumps(_json_safe(results), indent=2, allow_nan=False).encode("utf-8"))
     markdown = render_markdown(title or out.name, cells, comparisons, findings, config or {}, environment, plots,
-                               baseline=baseline, notes=notes, sections=sections)
+                               baseline=baseline, notes=notes, sections=sections,
+                               primary_pipeline=primary_pipeline)
     _write_atomic(report_path, markdown.encode("utf-8"))
     logger.info("report written to %s (%d rows, %d plots)", out, len(rows), len(plots))
     return ReportFiles(results_json=results_path, report_md=report_path, plots=tuple(plots))

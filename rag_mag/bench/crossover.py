@@ -1,0 +1,357 @@
+"""The crossover study: where (if anywhere) does a one-sided strategy overtake cosine?
+
+One YAML config (``eval/configs/crossover.yaml``) lists training runs: strategies x seeds x lengths,
+a data-size axis (a seeded share of the training pairs), and an optional tuning grid. Each run trains
+once; at its ``checkpoints`` steps the same run is measured on the fixed validation file (held-out
+training queries) and on the test sets (each dataset's questions against its own corpus, nDCG@10).
+So every point of a curve comes from a checkpoint of one run, never from a separate shorter run.
+
+Runs are cells: a finished run is saved as ``<out>/cells/<label>.json`` with the key of everything it
+depends on, and a run's points are appended to ``curve.jsonl`` as they are measured, so an interrupted
+study resumes (the trainer resumes from its ``last/`` checkpoint). ``--time-budget`` stops cleanly
+between runs. The study only needs torch and transformers at training time (no Haystack, FAISS or
+vLLM), so it also runs on a GPU machine (``device: auto``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rag_mag.bench.config import fingerprint
+from rag_mag.bench.datasets import EvalDataset, data_root, load_registry
+from rag_mag.data import read_corpus, read_eval, read_triples, write_jsonl
+from rag_mag.errors import ConfigError
+from rag_mag.metrics.retrieval import score_retrieval
+from rag_mag.models import REPO_ROOT, artifacts_dir
+from rag_mag.retriever.config import TrainConfig, make_config, read_config_file
+from rag_mag.retriever.strategies import Strategy
+
+logger = logging.getLogger(__name__)
+CELL_FORMAT = 1
+# Settings that change how fast a run goes on this machine, not what it learns: not part of a cell's key.
+MACHINE_SETTINGS = ("threads", "device", "log_every")
+
+
+@dataclass
+class RunSpec:
+    strategy: str
+    seed: int = 0
+    steps: int = 800
+    fraction: float = 1.0          # share of the training triples (the data-size axis)
+    group: str = "main"            # main, data_size, tuning or ablation
+    sources: list[str] = field(default_factory=list)   # train only on these sources (empty: all)
+    overrides: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields for this run only
+    tuned: dict[str, Any] = field(default_factory=dict)      # fields chosen by the tuning runs (not in the label)
+
+    @property
+    def label(self) -> str:
+        parts = [self.group, self.strategy, f"s{self.seed}", f"{self.steps}"]
+        if self.fraction < 1:
+            parts.append(f"f{self.fraction:g}")
+        if self.sources:
+            parts.append("+".join(self.sources))
+        parts += [f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in sorted(self.overrides.items())]
+        return "_".join(str(p) for p in parts).replace("/", "-")
+
+
+@dataclass
+class CrossoverConfig:
+    name: str = "crossover"
+    train_data: str = "artifacts/train_data/default/train.jsonl"   # written by `rag-mag build-data`
+    val_data: str = "artifacts/train_data/default/val.jsonl"
+    # Triples of ablation-only sources (e.g. unfiltered mined pairs); runs that name them in `sources` use them.
+    ablation_data: str = ""
+    datasets: list[str] = field(default_factory=lambda: ["trivia_qa", "nq_open", "hotpot_qa", "musique"])
+    max_questions: int = 500
+    data_root: str | None = None
+    train: dict[str, Any] = field(default_factory=dict)     # TrainConfig fields shared by every run
+    checkpoints: list[int] = field(default_factory=lambda: [0, 100, 200, 400, 800])
+    # Groups whose checkpoints are also measured on the test sets; the others (tuning, ablation) are
+    # judged on validation only, which is all their choice may use, and they cost no corpus encoding.
+    test_groups: list[str] = field(default_factory=lambda: ["main", "data_size"])
+    # TrainConfig fields that the tuning runs choose for every other run: per strategy, the grid value
+    # with the best validation nDCG@10 (at any checkpoint); a strategy without tuning runs takes the
+    # value with the best mean over the tuned strategies. The tuning runs therefore go first.
+    tuned: list[str] = field(default_factory=list)
+    runs: list[dict] = field(default_factory=list)
+    output_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ConfigError("the crossover config lists no runs")
+        if sorted(set(self.checkpoints)) != list(self.checkpoints) or min(self.checkpoints) < 0:
+            raise ConfigError(f"checkpoints must be increasing step numbers >= 0, got {self.checkpoints}")
+
+    def run_specs(self) -> list[RunSpec]:
+        specs = []
+        for entry in self.runs:
+            entry = dict(entry)
+            seeds = entry.pop("seeds", [entry.pop("seed", 0)])
+            strategies = entry.pop("strategies", [entry.pop("strategy", None)])
+            fractions = entry.pop("fractions", [entry.pop("fraction", 1.0)])
+            grid = entry.pop("grid", {}) or {}
+            combos = [{}]
+            for key, values in grid.items():
+                combos = [{**c, key: v} for c in combos for v in values]
+            for strategy in strategies:
+                for seed in seeds:
+                    for fraction in fractions:
+                        for combo in combos:
+                            try:
+                                spec = RunSpec(strategy=Strategy.parse(strategy).value, seed=int(seed),
+                                               fraction=float(fraction),
+                                               overrides={**entry.get("overrides", {}), **combo},
+                                               **{k: v for k, v in entry.items() if k != "overrides"})
+                            except TypeError as error:
+                                raise ConfigError(f"invalid crossover run {entry}: {error}") from None
+                            specs.append(spec)
+        return specs
+
+    def out_dir(self) -> Path:
+        return Path(self.output_dir) if self.output_dir else REPO_ROOT / "eval" / "reports" / self.name
+
+
+def load_crossover_config(path: str | Path) -> CrossoverConfig:
+    return make_config(CrossoverConfig, read_config_file(path), source="crossover config")
+
+
+def load_test_sets(config: CrossoverConfig) -> list[EvalDataset]:
+    """Each dataset's first ``max_questions`` questions and its own corpus (local unified-schema files)."""
+    registry, root = load_registry(), data_root(config.data_root)
+    sets = []
+    for name in config.datasets:
+        spec = registry.get(name)
+        if spec is None or spec.local is None:
+            raise ConfigError(f"crossover dataset {name!r} needs local files in data/datasets.yaml")
+        base = REPO_ROOT if spec.local.root == "repo" else root
+        if base is None:
+            raise ConfigError("no data root found; set RAG_MAG_DATA_ROOT")
+        records = read_eval(base / spec.local.eval, limit=config.max_questions)
+        sets.append(EvalDataset(name=name, records=records, corpus=read_corpus(base / spec.local.corpus),
+                                source=str(base / spec.local.eval), relevance=spec.relevance))
+    return sets
+
+
+@torch.inference_mode()
+def test_ndcg(encoder, dataset: EvalDataset, bf16: bool, top_k: int = 20) -> tuple[float, list[float]]:
+    """nDCG@10 of the dataset's questions against its corpus (exact inner-product search)."""
+    documents = torch.from_numpy(encoder.encode([p.content for p in dataset.corpus], "document", batch_size=256,
+                                                bf16=bf16)).to(encoder.device)
+    queries = torch.from_numpy(encoder.encode([r.question for r in dataset.records], "query", batch_size=256,
+                                              bf16=bf16)).to(encoder.device)
+    top = torch.topk(queries @ documents.T, k=min(top_k, documents.shape[0]), dim=1).indices.cpu().numpy()
+    ids = [p.id for p in dataset.corpus]
+    scores = score_retrieval(dataset.judge_all([[ids[j] for j in row] for row in top]))
+    per_example = scores.per_example["ndcg@10"]
+    return 100.0 * float(np.mean(per_example)), [round(100.0 * float(v), 2) for v in per_example]
+
+
+class CrossoverRunner:
+    def __init__(self, config: CrossoverConfig, config_path: str) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.out = config.out_dir()
+        self.cells_dir = self.out / "cells"
+        self.work = artifacts_dir() / "crossover"
+
+    def _train_file(self, spec: RunSpec) -> Path:
+        """The training triples of a run: a source filter and a seeded fraction of the shared file."""
+        source = Path(self.config.train_data)
+        if not spec.sources and spec.fraction >= 1:
+            return source
+        files = [source, Path(self.config.ablation_data)] if spec.sources and self.config.ablation_data else [source]
+        rows = [json.loads(line) for path in files for line in path.read_text().splitlines() if line.strip()]
+        if spec.sources:
+            rows = [row for row in rows if row.get("source") in spec.sources]
+        if spec.fraction < 1:
+            order = np.random.default_rng(1234).permutation(len(rows))  # nested: 25% is inside 50%
+            rows = [rows[i] for i in sorted(order[: max(1, int(len(rows) * spec.fraction))])]
+        if not rows:
+            raise ConfigError(f"run {spec.label}: no training triples left (sources {spec.sources})")
+        digest = fingerprint(str(source), self.config.ablation_data, spec.sources, spec.fraction, source.stat().st_size)
+        target = self.work / "train" / f"{digest}.jsonl"
+        if not target.is_file():
+            write_jsonl(target, rows)
+        return target
+
+    def _train_config(self, spec: RunSpec, train_file: Path, run_dir: Path) -> TrainConfig:
+        values = {**self.config.train, **spec.tuned, **spec.overrides, "strategy": spec.strategy, "seed": spec.seed,
+                  "steps": spec.steps, "train_data": str(train_file), "val_data": self.config.val_data,
+                  "out": str(run_dir)}
+        values.setdefault("save_every", max(1, min(100, spec.steps)))
+        values.setdefault("eval_every", max(1, min(100, spec.steps)))  # best/ is the best validation checkpoint
+        return make_config(TrainConfig, values, source=f"crossover run {spec.label}")
+
+    def run(self, time_budget_s: float = 0.0, poll_s: float = 30.0) -> dict:
+        """Train every unfinished run (resuming where a run was interrupted); return ``collect()``.
+
+        Several processes may run the same config at once (``rag-mag crossover --workers N``): each claims a
+        run with a lock before training it, and runs that wait for the tuning runs or for another worker are
+        retried every ``poll_s`` seconds.
+        """
+        started = time.monotonic()
+        tests = load_test_sets(self.config)
+        validation = read_triples(self.config.val_data)[:300]
+        self.cells_dir.mkdir(parents=True, exist_ok=True)
+        specs = self.config.run_specs()
+        while True:
+            waiting, trained = 0, False
+            for spec in specs:
+                if spec.group != "tuning" and self.config.tuned:
+                    tuned = self._with_tuned(spec, specs)
+                    if tuned is None:  # its tuning runs are not finished yet
+                        waiting += 1
+                        continue
+                    spec = tuned
+                train_file = self._train_file(spec)
+                key = self._key(spec, train_file)
+                run_dir = self.work / "runs" / key
+                if self._finished(spec, key):
+                    self._publish(spec, run_dir)
+                    continue
+                if time_budget_s and time.monotonic() - started > time_budget_s:
+                    logger.warning("time budget spent; run the same command again to continue")
+                    return self.collect()
+                with self._claim(key) as claimed:
+                    if not claimed:  # another worker trains it
+                        waiting += 1
+                        continue
+                    if not self._finished(spec, key):
+                        self._train_run(spec, key, train_file, run_dir, tests, validation)
+                        trained = True
+            if not waiting:
+                return self.collect()
+            if not trained:
+                logger.info("waiting for %d runs (held by other workers, or waiting for the tuning runs)", waiting)
+                time.sleep(poll_s)
+
+    def _key(self, spec: RunSpec, train_file: Path) -> str:
+        settings = {k: v for k, v in self.config.train.items() if k not in MACHINE_SETTINGS}
+        return fingerprint(CELL_FORMAT, asdict(spec), settings, self.config.checkpoints,
+                           spec.group in self.config.test_groups, self.config.datasets, self.config.max_questions,
+                           train_file.stat().st_size, Path(self.config.val_data).stat().st_size)
+
+    def _finished(self, spec: RunSpec, key: str) -> bool:
+        cell_path = self.cells_dir / f"{spec.label}.json"
+        return cell_path.is_file() and json.loads(cell_path.read_text()).get("key") == key
+
+    @contextlib.contextmanager
+    def _claim(self, key: str) -> Iterator[bool]:
+        """An exclusive lock on one run, so that several workers (``--workers``) never train the same one;
+        the operating system releases it when a worker dies."""
+        path = self.work / "locks" / f"{key}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _train_run(self, spec: RunSpec, key: str, train_file: Path, run_dir: Path, tests: list[EvalDataset],
+                   validation: list) -> None:
+        from rag_mag.retriever.trainer import Trainer
+
+        curve_path = run_dir / "curve.jsonl"
+        checkpoints = {s for s in self.config.checkpoints if s <= spec.steps} | {spec.steps}
+        trainer = Trainer(self._train_config(spec, train_file, run_dir))
+        trainer.on_step = functools.partial(self._measure, spec, trainer, curve_path, checkpoints, tests, validation)
+        run_started = time.monotonic()
+        result = trainer.train()
+        points = {}
+        for line in curve_path.read_text().splitlines():
+            try:
+                point = json.loads(line)
+            except json.JSONDecodeError:  # a line torn by a kill in the middle of a write
+                continue
+            points[point["step"]] = point  # a resumed run may have measured a step twice: keep the last
+        log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+        losses = [r for r in log if "loss" in r]
+        cell = {"key": key, "run": asdict(spec), "label": spec.label, "curve": [points[s] for s in sorted(points)],
+                "final_loss": losses[-1]["loss"] if losses else None,
+                "final_norms": {k: losses[-1][k] for k in ("query_norm_mean", "query_norm_cv",
+                                                             "document_norm_mean", "document_norm_cv")}
+                if losses else {},
+                "train_size": sum(1 for _ in train_file.open()), "seconds": round(time.monotonic() - run_started),
+                "device": str(trainer.device), "bf16": trainer.bf16, "steps_done": result.step}
+        write_jsonl(self.cells_dir / f"{spec.label}.json", [cell])
+        self._publish(spec, run_dir)
+
+    def _publish(self, spec: RunSpec, run_dir: Path) -> None:
+        """``artifacts/crossover/retrievers/<label>``: a stable name for a finished main run's folder, so a
+        benchmark config can score its best/ checkpoint (``retrievers:``) without training it again."""
+        if spec.group != "main" or not (run_dir / "best").is_dir():
+            return
+        link = self.work / "retrievers" / spec.label
+        link.parent.mkdir(parents=True, exist_ok=True)
+        staging = link.with_name(f".{spec.label}.tmp")
+        staging.unlink(missing_ok=True)
+        staging.symlink_to(Path("..") / "runs" / run_dir.name)
+        staging.replace(link)
+
+    def _with_tuned(self, spec: RunSpec, specs: list[RunSpec]) -> RunSpec | None:
+        """The run with the ``tuned`` fields set from the finished tuning cells (validation only); None while
+        some tuning run is unfinished."""
+        wanted = [s.label for s in specs if s.group == "tuning"]
+        if not wanted:
+            raise ConfigError(f"`tuned` names {', '.join(self.config.tuned)}, but the config has no tuning runs; "
+                              "add a run with group: tuning and a grid, or remove `tuned`")
+        cells = [c for c in self.collect()["cells"] if c["run"]["group"] == "tuning"]
+        if set(wanted) - {c["label"] for c in cells}:
+            return None
+        tuned = {}
+        for name in self.config.tuned:
+            if name in spec.overrides:
+                continue
+            scores: dict[str, dict[Any, float]] = {}
+            for cell in cells:
+                if name in cell["run"]["overrides"]:
+                    best = max(point["validation"]["ndcg@10"] for point in cell["curve"])
+                    scores.setdefault(cell["run"]["strategy"], {})[cell["run"]["overrides"][name]] = best
+            if not scores:
+                raise ConfigError(f"`tuned` names {name!r}, but no tuning run varies it")
+            if spec.strategy in scores:
+                tuned[name] = max(scores[spec.strategy], key=scores[spec.strategy].get)
+            else:
+                values = set.intersection(*(set(v) for v in scores.values()))
+                tuned[name] = max(values, key=lambda v: np.mean([scores[s][v] for s in scores]))
+        return RunSpec(**{**asdict(spec), "tuned": tuned})
+
+    def _measure(self, spec: RunSpec, trainer, curve_path: Path, checkpoints: set[int], tests: list[EvalDataset],
+                 validation: list, step: int, encoder) -> None:
+        """The trainer's step hook: at a checkpoint step, append validation (and test) nDCG@10 to the curve."""
+        if step not in checkpoints:
+            return
+        point: dict[str, Any] = {"step": step, "validation": trainer.validate(encoder, validation), "test": {}}
+        for dataset in tests if spec.group in self.config.test_groups else ():
+            mean, per_example = test_ndcg(encoder, dataset, trainer.bf16)
+            point["test"][dataset.name] = {"ndcg@10": mean, "per_example": per_example}
+        point["g"] = list(encoder.degrees.as_floats())
+        curve_path.parent.mkdir(parents=True, exist_ok=True)
+        with curve_path.open("a") as handle:
+            handle.write(json.dumps(point) + "\n")
+        logger.info("%s step %d: val nDCG@10 %.1f, test %s", spec.label, step, point["validation"]["ndcg@10"],
+                    " ".join(f"{k}={v['ndcg@10']:.1f}" for k, v in point["test"].items()))
+
+    def collect(self) -> dict:
+        """The finished cells of this config's runs (cells of runs no longer in the config are left out)."""
+        labels = {spec.label for spec in self.config.run_specs()}
+        cells = [json.loads(p.read_text().splitlines()[0]) for p in sorted(self.cells_dir.glob("*.json"))
+                 if p.stem in labels]
+        return {"config": asdict(self.config), "cells": cells, "planned": len(labels)}

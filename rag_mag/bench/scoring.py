@@ -1,0 +1,195 @@
+"""``CellScorer``: computes one benchmark cell (a row on a dataset) by running the YAML pipelines.
+
+A dense row (``rag:qnorm``) needs the strategy's index of the dataset's corpus (built once), the
+retrieval pipeline's ranking of the corpus for every question (once per retriever and dataset, shared
+by all scored pipelines), and the scored pipeline's answers. The ranking metrics and the norm
+diagnostics belong to the retriever, not to the pipeline, so they are reported once per dataset: on
+the row of the first listed pipeline that answers that dataset. Reader baselines run the reader
+pipeline. See ``rag_mag.bench.cells`` for the scoring functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_mag.bench.cells import (
+    BuiltIndex,
+    add_budget,
+    answer_result,
+    answer_scores,
+    bm25_rank,
+    budget_recall,
+    build_index,
+    corpus_documents,
+    diagnostics,
+    gold_documents,
+    ranking_result,
+    ranking_scores,
+)
+from rag_mag.bench.config import BenchConfig, PipelineEntry, fingerprint
+from rag_mag.bench.datasets import EvalDataset
+from rag_mag.bench.generation import (
+    BenchPipeline,
+    GenerationCache,
+    clean_answer,
+    generator_overrides,
+    parameter_overrides,
+    resolve_pipeline,
+)
+from rag_mag.models import artifacts_dir
+
+logger = logging.getLogger(__name__)
+RETRIEVAL_CONCURRENCY = 4  # the retrieval pipeline is CPU-bound (no server to wait for)
+DEFAULT_READER_TOP_K = 3  # passages for the bm25 reader and oracle cap when rag_top_k is null
+
+
+class CellScorer:
+    def __init__(self, config: BenchConfig, llm_url: str, cache: GenerationCache,
+                 components: dict[str, dict[str, Any]] | None = None) -> None:
+        """``components``: per pipeline file stem, component instances to use instead of the file's (tests)."""
+        self.config = config
+        self.llm_url = llm_url
+        self.cache = cache
+        self.components = components or {}
+        self._indexes: dict[tuple[str, str], BuiltIndex] = {}
+        self._rankings: dict[tuple[str, str], list[dict]] = {}
+        self._reader: BenchPipeline | None = None
+
+    # ------------------------------------------------------------------ shared pieces
+    def primary_pipeline(self, dataset: str) -> str | None:
+        """The first listed pipeline that answers ``dataset``: its rows carry the retriever's ranking."""
+        return next((entry.name for entry in self.config.pipeline_entries() if entry.covers(dataset)), None)
+
+    def _pipeline(self, path: str, values: dict[str, Any], required: tuple[str, ...], concurrency: int,
+                  generators: bool = True) -> BenchPipeline:
+        resolved = resolve_pipeline(path)
+        overrides = parameter_overrides(resolved, values, required)
+        if generators:
+            overrides.update(generator_overrides(resolved, self.llm_url, self.config.llm_timeout,
+                                                 self.config.llm_max_retries))
+        return BenchPipeline(resolved, overrides, self.cache, concurrency=concurrency,
+                             retry_waits=self.config.llm_retry_waits, components=self.components.get(resolved.stem))
+
+    def index(self, dataset: EvalDataset, checkpoint: Path) -> BuiltIndex:
+        key = (str(checkpoint), dataset.name)
+        if key not in self._indexes:
+            folder = artifacts_dir() / "bench" / "indexes" / fingerprint(
+                _folder_identity(checkpoint), self.config.encode_precision, _corpus_identity(dataset))
+            self._indexes[key] = build_index(dataset, checkpoint, folder, precision=self.config.encode_precision)
+        return self._indexes[key]
+
+    def ranking(self, dataset: EvalDataset, checkpoint: Path) -> list[dict]:
+        """The retrieval pipeline's top ``retrieval_top_k`` for every question of the dataset."""
+        key = (str(checkpoint), dataset.name)
+        if key not in self._rankings:
+            index = self.index(dataset, checkpoint)
+            pipeline = self._pipeline(self.config.retrieval_pipeline,
+                                      {"index": str(index.path), "retriever": str(checkpoint),
+                                       "top_k": self.config.retrieval_top_k},
+                                      ("index", "retriever", "top_k"), RETRIEVAL_CONCURRENCY, generators=False)
+            self._rankings[key] = pipeline.run_many([{"question": r.question} for r in dataset.records],
+                                                    ranking_result, progress=f"{dataset.name}/rank")
+        return self._rankings[key]
+
+    def reader(self) -> BenchPipeline:
+        if self._reader is None:
+            self._reader = self._pipeline(self.config.reader_pipeline, {"max_tokens": self.config.max_tokens}, (),
+                                          self.config.concurrency)
+        return self._reader
+
+    # ------------------------------------------------------------------ cells
+    def evaluate(self, dataset: EvalDataset, row) -> dict | None:
+        """The cell of ``row`` (a runner ``Row``) on ``dataset``; None when the row does not apply (an oracle
+        on a dataset without gold passages)."""
+        system = row.system
+        if row.pipeline is not None:
+            return self._dense(dataset, system.checkpoint, row.pipeline, row.name)
+        if system.name == "oracle":
+            return self._oracle(dataset)
+        if system.name == "bm25":
+            return self._bm25(dataset)
+        if system.name == "closed_book":
+            return self._read(dataset, [[] for _ in dataset.records], "closed_book")
+        raise ValueError(f"unknown reader baseline {system.name!r}; valid ones are: bm25, closed_book, oracle")
+
+    def _dense(self, dataset: EvalDataset, checkpoint: Path, entry: PipelineEntry, name: str) -> dict:
+        view = _first(dataset, entry.max_questions)
+        ranking = self.ranking(dataset, checkpoint)
+        pipeline = self._pipeline(entry.path, {"index": str(self.index(dataset, checkpoint).path),
+                                               "retriever": str(checkpoint), "top_k": self.config.rag_top_k,
+                                               "max_tokens": self.config.max_tokens},
+                                  ("index", "retriever"), self.config.concurrency)
+        results = pipeline.run_many([{"question": r.question} for r in view.records], answer_result,
+                                    progress=f"{dataset.name}/{name}")
+        cell = self._answers(view, [r["reply"] for r in results])
+        given = [[passage_id for passage_id, _ in r["documents"]] for r in results]
+        ranked = [r["ids"] for r in ranking[: len(view.records)]]
+        if self.primary_pipeline(dataset.name) == entry.name:
+            cell.update(ranking_scores(view, ranked))
+            query_norms = np.array([r["query_raw_norm"] for r in ranking], dtype=float)
+            cell.update(diagnostics(dataset, query_norms, self.index(dataset, checkpoint).document_raw_norms))
+        add_budget(cell, budget_recall(view, given, ranked))
+        cell["rounds"] = float(np.mean([r.get("rounds", 1) for r in results])) if results else 1.0
+        cell["top_ids"] = given
+        return cell
+
+    def _bm25(self, dataset: EvalDataset) -> dict:
+        ranked = bm25_rank(dataset, self.config.retrieval_top_k)
+        top_k = self.config.rag_top_k or DEFAULT_READER_TOP_K
+        documents = {d.id: d for d in corpus_documents(dataset)}
+        given = [[documents[i] for i in ids[:top_k]] for ids in ranked]
+        cell = self._read(dataset, given, "bm25")
+        cell.update(ranking_scores(dataset, ranked))
+        add_budget(cell, budget_recall(dataset, [[d.id for d in docs] for docs in given], ranked))
+        cell["top_ids"] = [[d.id for d in docs] for docs in given]
+        return cell
+
+    def _oracle(self, dataset: EvalDataset) -> dict | None:
+        gold = gold_documents(dataset, self.config.rag_top_k or DEFAULT_READER_TOP_K)
+        if gold is None:
+            logger.info("%s names no gold passages (no supporting or answer-bearing contexts): no oracle row",
+                        dataset.name)
+            return None
+        cell = self._read(dataset, gold, "oracle")
+        cell["oracle_without_gold"] = sum(1 for docs in gold if not docs)
+        cell["budget"] = {"mean": float(np.mean([len(docs) for docs in gold])), "max": max(len(d) for d in gold)}
+        return cell
+
+    def _read(self, dataset: EvalDataset, documents: list[list], label: str) -> dict:
+        inputs = [{"question": r.question, "documents": list(docs)} for r, docs in zip(dataset.records, documents,
+                                                                                        strict=True)]
+        results = self.reader().run_many(inputs, answer_result, progress=f"{dataset.name}/{label}")
+        return self._answers(dataset, [r["reply"] for r in results])
+
+    def _answers(self, dataset: EvalDataset, replies: list[str]) -> dict:
+        cell: dict = {"n_questions": len(dataset.records)}
+        cell.update(answer_scores([clean_answer(reply) for reply in replies], [list(r.answers) for r in
+                                                                               dataset.records]))
+        return cell
+
+
+def _first(dataset: EvalDataset, limit: int | None) -> EvalDataset:
+    """The dataset's first ``limit`` questions (same corpus); the dataset itself when it has no more."""
+    if limit is None or limit >= len(dataset.records):
+        return dataset
+    return replace(dataset, records=dataset.records[:limit])
+
+
+def _corpus_identity(dataset: EvalDataset) -> str:
+    digest = hashlib.sha256()
+    for passage in dataset.corpus:
+        digest.update(f"{passage.id}\t{passage.title}\t{passage.text}\n".encode())
+    return digest.hexdigest()
+
+
+def _folder_identity(folder: Path) -> list:
+    """A checkpoint folder by its path and its files' sizes and times (a retrained folder gets a new index)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+    return [str(folder.resolve())] + [[str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns]
+                                      for p in files]

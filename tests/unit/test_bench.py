@@ -1,0 +1,338 @@
+"""The benchmark's pipeline path without a vLLM server: config, system names, scoring at budget, the oracle
+row, and the generator's retries (scripted chat components stand in for VLLMChatGenerator)."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from haystack import component
+from haystack.dataclasses import ChatMessage
+
+from rag_mag.bench.cells import budget_recall, gold_documents
+from rag_mag.bench.config import BenchConfig, PipelineEntry, split_system, system_name
+from rag_mag.bench.datasets import EvalDataset
+from rag_mag.bench.generation import BenchPipeline, CellFailed, GenerationCache, generator_overrides
+from rag_mag.bench.report import aggregate, compare_to_baseline, of_pipeline
+from rag_mag.bench.runner import Row, System
+from rag_mag.bench.scoring import CellScorer
+from rag_mag.data import Context, EvalRecord, Passage
+from rag_mag.errors import ConfigError
+from rag_mag.serving.pipelines import PIPELINES_DIR
+from tests.tiny import tiny_encoder
+
+CORPUS = [Passage("p0", "Paris", "paris is the capital city of france"),
+          Passage("p1", "Berlin", "berlin is the capital of germany"),
+          Passage("p2", "Rome", "rome is the capital of italy"),
+          Passage("p3", "Thames", "the thames is a river in london england"),
+          Passage("p4", "Ocean", "the ocean is a war of the king")]
+
+
+def supporting_dataset() -> EvalDataset:
+    records = [EvalRecord("q1", "which river is in the capital of england", ("thames",),
+                          (Context("p3", "Thames", CORPUS[3].text, True),
+                           Context("p0", "Paris", CORPUS[0].text, True))),
+               EvalRecord("q2", "capital of italy", ("rome",), (Context("p2", "Rome", CORPUS[2].text, True),))]
+    return EvalDataset("toy", records, list(CORPUS), source="test")
+
+
+def answer_dataset() -> EvalDataset:
+    records = [EvalRecord("a1", "capital of germany", ("berlin",), (Context("p1", "Berlin", CORPUS[1].text),)),
+               EvalRecord("a2", "who wrote the book", ("tolstoy",), ())]
+    return EvalDataset("open", records, list(CORPUS), source="test")
+
+
+def config(**values) -> BenchConfig:
+    return BenchConfig(**{"datasets": ["toy=a.jsonl", "open=b.jsonl"], **values})
+
+
+@component
+class ScriptedChat:
+    """Replies with fixed texts in turn and records the prompts it was given (thread-safe enough: one call at a
+    time in these tests, concurrency=1)."""
+
+    def __init__(self, *texts: str) -> None:
+        self.texts = list(texts)
+        self.prompts: list[str] = []
+
+    @component.output_types(replies=list[ChatMessage])
+    def run(self, messages: list[ChatMessage]) -> dict:
+        self.prompts.append("\n".join(m.text or "" for m in messages))
+        return {"replies": [ChatMessage.from_assistant(self.texts[min(len(self.prompts), len(self.texts)) - 1])]}
+
+
+@component
+class FlakyChat:
+    """Raises the given errors in turn, then answers."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    @component.output_types(replies=list[ChatMessage])
+    def run(self, messages: list[ChatMessage]) -> dict:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return {"replies": [ChatMessage.from_assistant("Rome")]}
+
+
+def timeout_error() -> openai.APITimeoutError:
+    return openai.APITimeoutError(request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions"))
+
+
+# ------------------------------------------------------------------------------ config and names
+def test_pipelines_default_to_rag_yaml_and_accept_entries_with_datasets_and_question_caps():
+    assert config().pipeline_entries() == [PipelineEntry("pipelines/rag.yaml")]
+    entries = config(pipelines=["pipelines/rag.yaml", {"path": "pipelines/rag_multihop.yaml", "datasets": ["toy"],
+                                                       "max_questions": 50}]).pipeline_entries()
+    assert [e.name for e in entries] == ["rag", "rag_multihop"]
+    assert entries[1].covers("toy") and not entries[1].covers("open") and entries[0].covers("open")
+    assert entries[1].max_questions == 50
+    assert config(pipeline="my/own.yaml").pipeline_entries() == [PipelineEntry("my/own.yaml")]  # older configs
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"pipelines": [{"path": "p.yaml", "datasets": ["nope"]}]}, "names nope, which the config does not list"),
+    ({"pipelines": ["a/rag.yaml", "b/rag.yaml"]}, "share the name 'rag'"),
+    ({"pipelines": [{"path": "p.yaml", "max_questions": 0}]}, "max_questions must be a positive integer"),
+    ({"pipelines": [{"path": "p.yaml", "top_k": 3}]}, "unknown field"),
+    ({"pipelines": []}, "non-empty list"),
+    ({"pipelines": ["oracle.yaml"]}, "baseline's"),
+    ({"pipeline": "x.yaml", "pipelines": ["y.yaml"]}, "either pipeline"),
+    ({"llm_timeout": 0}, "llm_timeout must be a positive number"),
+    ({"llm_max_retries": -1}, "llm_max_retries must be a non-negative integer"),
+    ({"llm_retry_waits": [10, "soon"]}, "llm_retry_waits"),
+    ({"baselines": ["oracle", "psychic"]}, "unknown baseline"),
+])
+def test_bad_pipeline_and_generator_settings_are_refused_clearly(values, message):
+    with pytest.raises(ConfigError, match=message):
+        config(**values)
+
+
+def test_system_names_carry_the_pipeline_and_reader_baselines_stay_plain():
+    assert system_name("rag_multihop", "qnorm") == "rag_multihop:qnorm" and system_name(None, "oracle") == "oracle"
+    assert split_system("rag_multihop:qnorm") == ("rag_multihop", "qnorm") and split_system("bm25") == (None, "bm25")
+    dense = Row(System("qnorm", 1, None), PipelineEntry("pipelines/rag_multihop.yaml"))
+    assert dense.name == "rag_multihop:qnorm" and dense.label == "rag_multihop__qnorm__s1"
+    assert Row(System("oracle", 0, None), None).name == "oracle"
+
+
+def test_comparisons_stay_within_a_pipeline_and_findings_use_the_primary_one():
+    rng = np.random.default_rng(0)
+    names = ["rag:cosine", "rag:qnorm", "rag_multihop:cosine", "rag_multihop:qnorm", "bm25", "oracle"]
+    rows = [{"dataset": "toy", "system": name, "seed": 0, "n_questions": 20, "rag": {"em": 10.0}} for name in names]
+    per_example = {("toy", name, 0): {"ids": [str(i) for i in range(20)], "em": rng.integers(0, 2, 20).astype(float)}
+                   for name in names}
+    cells = aggregate(rows, per_example, n_resamples=50)
+    comparisons = compare_to_baseline(cells, per_example, n_resamples=50, n_permutations=50, primary_pipeline="rag")
+    against = {entry["system"]: entry["baseline"] for entry in comparisons}
+    assert against == {"rag:qnorm": "rag:cosine", "rag_multihop:qnorm": "rag_multihop:cosine",
+                       "bm25": "rag:cosine", "oracle": "rag:cosine"}
+    plain_cells, plain_comparisons = of_pipeline(cells, comparisons, "rag")
+    assert sorted(cell.system for cell in plain_cells) == ["bm25", "cosine", "oracle", "qnorm"]
+    assert {entry["baseline"] for entry in plain_comparisons} == {"cosine"}
+
+
+# ------------------------------------------------------------------------------ scoring
+def test_union_of_rounds_is_judged_at_its_own_budget_against_round_one_at_the_same_budget():
+    dataset = supporting_dataset()
+    # q1 needs p3 and p0: round 1 ranks p3 first but p0 only 4th; the second round brought p0 in at 2 passages.
+    given = [["p3", "p0"], ["p2", "p2", "p1"]]  # a repeated passage counts once: budget 2
+    ranked = [["p3", "p1", "p2", "p0"], ["p1", "p2", "p4"]]
+    scores = budget_recall(dataset, given, ranked)
+    assert scores["budget"].tolist() == [2, 2]
+    assert scores["recall@budget"].tolist() == [1.0, 1.0]
+    assert scores["round1_recall@budget"].tolist() == [0.5, 1.0]  # top-2 of round 1: p3 only / p1, p2
+    no_passages = budget_recall(dataset, [[], []], ranked)
+    assert no_passages["recall@budget"].tolist() == [0.0, 0.0]
+    assert no_passages["round1_recall@budget"].tolist() == [0.0, 0.0]
+
+
+def test_answer_recall_at_budget_on_a_dataset_without_gold_passages():
+    dataset = answer_dataset()
+    scores = budget_recall(dataset, [["p0", "p1"], ["p0"]], [["p0", "p2", "p1"], ["p1"]])
+    assert scores["recall@budget"].tolist() == [1.0, 0.0]  # p1 holds "berlin"; nothing holds "tolstoy"
+    assert scores["round1_recall@budget"].tolist() == [0.0, 0.0]  # round 1's top 2 (p0, p2) lacks berlin
+
+
+def test_gold_documents_are_supporting_passages_or_answer_bearing_contexts():
+    gold = gold_documents(supporting_dataset(), cap=1)
+    assert [[d.id for d in docs] for docs in gold] == [["p3", "p0"], ["p2"]]  # supporting passages are never cut
+    assert gold[0][0].content == CORPUS[3].text and gold[0][0].meta["title"] == "Thames"
+    assert [[d.id for d in docs] for docs in gold_documents(answer_dataset(), cap=3)] == [["p1"], []]
+    unaligned = EvalDataset("2wiki", [EvalRecord("w", "who?", ("x",), ())], list(CORPUS), source="test")
+    assert gold_documents(unaligned, cap=3) is None  # no oracle row where the data names no gold passage
+
+
+def test_oracle_row_answers_from_the_gold_passages_through_the_reader_pipeline(tmp_path):
+    llm = ScriptedChat("Answer: Thames.", "rome is the capital")
+    scorer = CellScorer(config(concurrency=1), "http://127.0.0.1:9/v1", GenerationCache(tmp_path / "cache.jsonl"),
+                        components={"reader": {"llm": llm}})
+    cell = scorer.evaluate(supporting_dataset(), Row(System("oracle", 0, None), None))
+    assert "thames is a river in london" in llm.prompts[0] and "[2] Paris" in llm.prompts[0]
+    assert "[1] Rome: rome is the capital of italy" in llm.prompts[1] and "Berlin" not in "".join(llm.prompts)
+    assert cell["predictions"] == ["Thames", "rome is the capital"]
+    assert cell["rag"]["em"] == 50.0 and cell["rag"]["accuracy"] == 100.0
+    assert cell["budget"] == {"mean": 1.5, "max": 2} and cell["oracle_without_gold"] == 0
+    closed = scorer.evaluate(supporting_dataset(), Row(System("closed_book", 0, None), None))
+    assert "own knowledge" in llm.prompts[2] and "Passages" not in llm.prompts[2]
+    assert closed["n_questions"] == 2
+    # answers are cached by pipeline file, settings and inputs: asking again does not reach the generator
+    scorer.evaluate(supporting_dataset(), Row(System("oracle", 0, None), None))
+    assert len(llm.prompts) == 4
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    return tiny_encoder(root / "tok", "qnorm").save(root / "ckpt")
+
+
+def test_dense_rows_run_the_yaml_pipelines_and_judge_the_union_of_rounds(tmp_path, checkpoint, monkeypatch):
+    monkeypatch.setenv("RAG_MAG_ARTIFACTS", str(tmp_path / "artifacts"))
+    entries = ["pipelines/rag.yaml", {"path": "pipelines/rag_multihop.yaml", "datasets": ["toy"],
+                                      "max_questions": 1}]
+    answer, followup = ScriptedChat("thames"), ScriptedChat("capital of france")
+    scorer = CellScorer(config(concurrency=1, rag_top_k=2, pipelines=entries), "http://127.0.0.1:9/v1",
+                        GenerationCache(tmp_path / "cache.jsonl"),
+                        components={"rag": {"llm": ScriptedChat("rome")},
+                                    "rag_multihop": {"llm": answer, "followup_llm": followup}})
+    dataset = supporting_dataset()
+    single = scorer.evaluate(dataset, Row(System("qnorm", 0, checkpoint), PipelineEntry(entries[0])))
+    assert single["n_questions"] == 2 and single["budget"]["max"] == 2 and single["rounds"] == 1.0
+    assert {"recall@1", "recall@20", "ndcg@10", "recall@budget"} <= set(single["retrieval"])  # primary: ranking
+    assert single["retrieval"]["recall@budget"] == single["retrieval"]["round1_recall@budget"]
+    assert "document_norm_cohens_d" in single["diagnostics"]
+    multi = scorer.evaluate(dataset, Row(System("qnorm", 0, checkpoint), PipelineEntry(**entries[1])))
+    assert multi["n_questions"] == 1 and multi["rounds"] == 2.0
+    assert 2 <= multi["budget"]["max"] <= 5  # top_k 2 in round 1, then at most 3 new ones (max_new_per_hop)
+    assert "ndcg@10" not in multi["retrieval"] and "diagnostics" not in multi  # shown once, on the rag row
+    assert len(multi["retrieval_per_example"]["round1_recall@budget"]) == 1
+    assert "Search query" in "".join(followup.prompts) and len(answer.prompts) == 1
+
+
+# ------------------------------------------------------------------------------ a slow server
+def test_generator_overrides_reach_every_vllm_generator_by_type():
+    overrides = generator_overrides(PIPELINES_DIR / "rag_multihop.yaml", "http://h:1/v1", timeout=900, max_retries=4)
+    assert overrides == {f"{name}.{param}": value for name in ("followup_llm", "llm")
+                         for param, value in (("api_base_url", "http://h:1/v1"), ("timeout", 900.0),
+                                              ("max_retries", 4))}
+
+
+def test_a_slow_server_is_asked_again_after_the_configured_waits(tmp_path):
+    llm = FlakyChat(timeout_error(), timeout_error())
+    pipeline = BenchPipeline(PIPELINES_DIR / "reader.yaml", {}, GenerationCache(tmp_path / "c.jsonl"), concurrency=1,
+                             retry_waits=[0, 0], components={"llm": llm})
+    assert pipeline.run_many([{"question": "capital of italy", "documents": []}], lambda out: out["answers"][0].data
+                             ) == ["Rome"]
+    assert llm.calls == 3
+
+
+def test_a_cell_fails_clearly_when_the_server_keeps_failing(tmp_path):
+    llm = FlakyChat(timeout_error(), timeout_error())
+    pipeline = BenchPipeline(PIPELINES_DIR / "reader.yaml", {}, GenerationCache(tmp_path / "c.jsonl"), concurrency=1,
+                             retry_waits=[0], components={"llm": llm})
+    with pytest.raises(CellFailed, match="after 2 tries: APITimeoutError"):
+        pipeline.run_many([{"question": "capital of italy", "documents": []}], lambda out: out["answers"][0].data)
+    rejected = FlakyChat(openai.BadRequestError("prompt too long", response=httpx.Response(
+        400, request=httpx.Request("POST", "http://127.0.0.1:9/v1")), body=None))
+    pipeline = BenchPipeline(PIPELINES_DIR / "reader.yaml", {}, GenerationCache(tmp_path / "d.jsonl"), concurrency=1,
+                             retry_waits=[0, 0], components={"llm": rejected})
+    with pytest.raises(CellFailed, match="after 1 try: BadRequestError"):  # a rejected request is not retried
+        pipeline.run_many([{"question": "capital of italy", "documents": []}], lambda out: out["answers"][0].data)
+    assert rejected.calls == 1
+
+
+def test_shipped_configs_load_and_score_both_pipelines():
+    from rag_mag.bench.config import load_bench_config
+    from rag_mag.models import REPO_ROOT
+
+    configs = {name: load_bench_config(REPO_ROOT / "eval" / "configs" / f"{name}.yaml")
+               for name in ("quick", "cpu", "gpu")}
+    for name in ("quick", "cpu"):
+        assert [entry.name for entry in configs[name].pipeline_entries()] == ["rag", "rag_multihop"], name
+        assert "oracle" in configs[name].baselines, name
+    multihop = configs["cpu"].pipeline_entries()[1]
+    assert set(multihop.datasets) == {"hotpot_qa", "musique", "2wikimultihopqa"} and multihop.max_questions
+    assert "2wikimultihopqa" in configs["cpu"].datasets
+
+
+def test_report_of_pipeline_rows_has_a_rounds_section_and_plots_recall_without_a_fixed_k(tmp_path):
+    from rag_mag.bench.report import write_report
+    from rag_mag.bench.summary import rounds_section
+
+    rng = np.random.default_rng(1)
+    union, first = rng.integers(0, 2, 30).astype(float), np.zeros(30)
+    cell = {"dataset": "toy", "system": "rag_multihop:qnorm", "n_questions": 30, "rounds": 2.0,
+            "budget": {"mean": 5.5, "max": 6},
+            "retrieval_per_example": {"recall@budget": union.tolist(), "round1_recall@budget": first.tolist()}}
+    section = rounds_section([cell, {**cell, "system": "rag:qnorm", "rounds": 1.0}], resamples=200)
+    assert "| toy | rag_multihop:qnorm | 30 | 2.00 | 5.5 | 0.0 |" in section and "rag:qnorm" not in section
+    assert "helps" in section
+    rows = [{"dataset": "toy", "system": name, "seed": 0, "n_questions": 30, "rag": {"em": 1.0, "f1": 2.0},
+             "retrieval": {"recall@budget": 40.0, "round1_recall@budget": 30.0}}
+            for name in ("rag_multihop:cosine", "rag_multihop:qnorm")]
+    files = write_report(tmp_path, rows, environment={"command": "test"}, primary_pipeline="rag_multihop",
+                         n_resamples=50, n_permutations=50)
+    assert files.report_md.is_file() and "recall@budget" in files.report_md.read_text()
+
+
+def test_a_failed_cell_is_recorded_and_the_next_cells_still_run(tmp_path):
+    from rag_mag.bench.runner import BenchRunner
+    from rag_mag.bench.summary import failures_section
+
+    class Scorer:
+        def primary_pipeline(self, dataset):
+            return "rag"
+
+        def evaluate(self, dataset, row):
+            if row.system.name == "closed_book":
+                raise CellFailed("reader.yaml: the generator failed on 'q' after 3 tries: APITimeoutError: timed out")
+            return {"n_questions": len(dataset.records)}
+
+    runner = BenchRunner(config(output_dir=str(tmp_path)), "test.yaml", "rag-mag bench test.yaml")
+    rows = [Row(System(name, 0, None), None) for name in ("closed_book", "oracle")]
+    cells, failures = runner.score_cells([(supporting_dataset(), row) for row in rows], Scorer())
+    assert [cell["system"] for cell in cells] == ["oracle"]
+    assert failures == [{"dataset": "toy", "system": "closed_book", "seed": 0,
+                         "error": "reader.yaml: the generator failed on 'q' after 3 tries: APITimeoutError: timed out"}]
+    assert (tmp_path / "cells" / "toy__oracle__s0.json").is_file()
+    assert not (tmp_path / "cells" / "toy__closed_book__s0.json").exists()  # a rerun computes it again
+    assert "| toy | closed_book | reader.yaml: the generator failed" in failures_section(failures)
+
+
+def test_a_user_pipeline_without_the_benchmark_parameters_is_refused_clearly(tmp_path):
+    from rag_mag.bench.generation import parameter_overrides
+
+    own = tmp_path / "my_rag.yaml"
+    text = (PIPELINES_DIR / "rag.yaml").read_text()
+    own.write_text(text.replace("      index: [retriever.document_store.path]\n", ""))
+    with pytest.raises(ConfigError, match=r"my_rag.yaml: metadata.rag_mag.parameters has no 'index' entry; the bench"):
+        parameter_overrides(own, {"index": "x", "retriever": "y"}, required=("index", "retriever"))
+    with pytest.raises(ConfigError, match="set max_tokens: null in the benchmark config"):
+        parameter_overrides(PIPELINES_DIR / "retrieve.yaml", {"max_tokens": 16}, required=())
+    assert parameter_overrides(own, {"retriever": "y", "top_k": None}, required=()) == {"retriever": "y"}
+
+
+def test_the_pipeline_flag_replaces_the_configs_pipelines(tmp_path, monkeypatch):
+    import argparse
+
+    from rag_mag.cli import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench", "eval/configs/quick.yaml", "--pipeline", "mine.yaml", "--pipeline", "b.yaml"])
+    seen = {}
+
+    class Runner:
+        def __init__(self, config, path, command):
+            seen["entries"] = config.pipeline_entries()
+
+        def run(self):
+            return tmp_path
+
+    monkeypatch.setattr("rag_mag.bench.runner.BenchRunner", Runner)
+    assert bench.run(args) == 0
+    assert [entry.path for entry in seen["entries"]] == ["mine.yaml", "b.yaml"]

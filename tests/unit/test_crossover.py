@@ -1,0 +1,165 @@
+"""The crossover study on a tiny random BERT: curves from one run's checkpoints, tuning on validation only,
+resumable cells, and a verdict computed from the numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rag_mag.bench import crossover as crossover_module
+from rag_mag.bench.crossover import CrossoverConfig, CrossoverRunner, RunSpec
+from rag_mag.bench.crossover_report import write
+from rag_mag.bench.datasets import EvalDataset
+from rag_mag.data import Context, EvalRecord, Passage, write_jsonl
+from rag_mag.errors import ConfigError
+from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.trainer import Trainer
+from tests.tiny import tiny_encoder
+
+TOPICS = [("paris", "france"), ("london", "england"), ("berlin", "germany"), ("rome", "italy"),
+          ("madrid", "spain"), ("lisbon", "portugal")]
+
+
+def triple(i: int, source: str) -> dict:
+    city, country = TOPICS[i % len(TOPICS)]
+    other, _ = TOPICS[(i + 1) % len(TOPICS)]
+    return {"id": f"{source}{i}", "query": f"capital of {country} {i}", "answers": [city], "source": source,
+            "positives": [{"id": f"p{source}{i}", "title": city, "text": f"{city} is the capital of {country}"}],
+            "hard_negatives": [{"id": f"n{source}{i}", "title": other, "text": f"{other} is a river town"}]}
+
+
+@pytest.fixture
+def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(MagnitudeEncoder, "build",
+                        classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tmp_path / "tok", strategy)))
+    monkeypatch.setattr(crossover_module, "artifacts_dir", lambda: tmp_path / "artifacts")
+    write_jsonl(tmp_path / "train.jsonl", [triple(i, "gold" if i % 2 else "mined") for i in range(24)])
+    write_jsonl(tmp_path / "val.jsonl", [triple(100 + i, "gold") for i in range(6)])
+    write_jsonl(tmp_path / "ablation.jsonl", [triple(200 + i, "loose") for i in range(8)])
+    corpus = [Passage(id=f"d{i}", title=city, text=f"{city} is the capital of {country}")
+              for i, (city, country) in enumerate(TOPICS)]
+    records = [EvalRecord(id=f"e{i}", question=f"capital of {country}", answers=(city,),
+                          contexts=(Context(id=f"d{i}", title=city, text="", is_supporting=True),))
+               for i, (city, country) in enumerate(TOPICS)]
+    test_set = EvalDataset(name="toy", records=records, corpus=corpus, source="test")
+    monkeypatch.setattr(crossover_module, "load_test_sets", lambda config: [test_set])
+
+    def make(**overrides) -> CrossoverConfig:
+        values = dict(name="toy", train_data=str(tmp_path / "train.jsonl"), val_data=str(tmp_path / "val.jsonl"),
+                      ablation_data=str(tmp_path / "ablation.jsonl"), datasets=["toy"], max_questions=6,
+                      output_dir=str(tmp_path / "report"), checkpoints=[0, 2], tuned=["learning_rate"],
+                      train=dict(batch_size=4, hard_negatives=1, calibration_samples=8, warmup_ratio=0.0,
+                                 val_max_queries=6),
+                      runs=[{"group": "tuning", "strategies": ["cosine"], "steps": 2,
+                             "grid": {"learning_rate": [1e-5, 1e-3]}},
+                            {"group": "main", "strategies": ["cosine", "qnorm"], "steps": 4},
+                            {"group": "data_size", "strategies": ["cosine", "qnorm"], "fractions": [0.5],
+                             "steps": 2},
+                            {"group": "ablation", "strategy": "cosine", "steps": 2, "sources": ["gold", "loose"]}])
+        values.update(overrides)
+        return CrossoverConfig(**values)
+
+    return make
+
+
+def test_study_measures_checkpoints_of_one_run_tunes_on_validation_and_resumes(study, tmp_path, monkeypatch):
+    config = study()
+    result = CrossoverRunner(config, "crossover.yaml").run()
+    cells = {cell["label"]: cell for cell in result["cells"]}
+    assert set(cells) == {"tuning_cosine_s0_2_learning_rate1e-05", "tuning_cosine_s0_2_learning_rate0.001",
+                          "main_cosine_s0_4", "main_qnorm_s0_4", "data_size_cosine_s0_2_f0.5",
+                          "data_size_qnorm_s0_2_f0.5", "ablation_cosine_s0_2_gold+loose"}
+    main = cells["main_cosine_s0_4"]
+    # the curve comes from checkpoints 0, 2 and the last step of the same run, each with per-question test scores
+    assert [point["step"] for point in main["curve"]] == [0, 2, 4]
+    assert all(len(point["test"]["toy"]["per_example"]) == 6 for point in main["curve"])
+    # tuning and ablation runs are judged on validation only
+    assert all(not point["test"] for point in cells["tuning_cosine_s0_2_learning_rate0.001"]["curve"])
+    # every later run takes the learning rate with the best validation nDCG@10 (qnorm: the best mean)
+    tuning = {cell["run"]["overrides"]["learning_rate"]: max(p["validation"]["ndcg@10"] for p in cell["curve"])
+              for cell in result["cells"] if cell["run"]["group"] == "tuning"}
+    chosen = max(tuning, key=tuning.get)
+    assert main["run"]["tuned"] == {"learning_rate": chosen}
+    assert cells["main_qnorm_s0_4"]["run"]["tuned"] == {"learning_rate": chosen}
+    # sources and fractions select the training pairs
+    assert cells["ablation_cosine_s0_2_gold+loose"]["train_size"] == 12 + 8
+    assert cells["data_size_cosine_s0_2_f0.5"]["train_size"] == 12
+    # a finished main run is published under a stable name for `bench` configs (retrievers:)
+    published = tmp_path / "artifacts" / "crossover" / "retrievers" / "main_qnorm_s0_4"
+    assert (published / "best" / "rag_mag.json").is_file()
+    assert json.loads((published / "best" / "rag_mag.json").read_text())["strategy"] == "qnorm"
+
+    # a second invocation trains nothing: every cell is cached under the same key
+    monkeypatch.setattr(Trainer, "train", lambda self: pytest.fail("a cached cell was trained again"))
+    again = CrossoverRunner(config, "crossover.yaml").run()
+    assert [c["key"] for c in again["cells"]] == [c["key"] for c in result["cells"]]
+
+    path = write(again, config.out_dir(), "rag-mag crossover crossover.yaml")
+    report = path.read_text()
+    assert "## Verdict" in report and "qnorm" in report and "rag-mag crossover crossover.yaml" in report
+    verdict = json.loads((config.out_dir() / "results.json").read_text())["summary"]
+    text = verdict["verdicts"][0]["text"]
+    assert ("overtakes cosine at" in text) or ("does not overtake cosine within the largest run (4 steps" in text)
+    assert verdict["size_verdicts"] and "training pairs" in verdict["size_verdicts"][0]["text"]
+
+
+def test_time_budget_stops_between_runs_and_a_later_call_continues(study, monkeypatch):
+    config = study(runs=[{"group": "main", "strategies": ["cosine", "qnorm"], "steps": 2}], tuned=[])
+    clock = iter([0.0, 0.0, 100.0, 100.0, 100.0])
+    monkeypatch.setattr(crossover_module.time, "monotonic", lambda: next(clock, 100.0))
+    first = CrossoverRunner(config, "c.yaml").run(time_budget_s=50)
+    assert [c["label"] for c in first["cells"]] == ["main_cosine_s0_2"]
+    second = CrossoverRunner(config, "c.yaml").run()
+    assert [c["label"] for c in second["cells"]] == ["main_cosine_s0_2", "main_qnorm_s0_2"]
+
+
+def test_runs_that_need_tuning_first_and_bad_configs_are_refused(study):
+    with pytest.raises(ConfigError, match="has no tuning runs"):
+        CrossoverRunner(study(runs=[{"group": "main", "strategies": ["cosine"], "steps": 2}]), "c.yaml").run()
+    with pytest.raises(ConfigError, match="lists no runs"):
+        study(runs=[])
+    with pytest.raises(ConfigError, match="checkpoints must be increasing"):
+        study(checkpoints=[4, 2])
+    with pytest.raises(ConfigError, match="no training triples left"):
+        CrossoverRunner(study(runs=[{"group": "ablation", "strategy": "cosine", "steps": 2,
+                                     "sources": ["nowhere"]}], tuned=[]), "c.yaml").run()
+
+
+def test_tuning_runs_listed_last_still_go_first(study):
+    config = study(runs=[{"group": "main", "strategies": ["qnorm"], "steps": 2},
+                         {"group": "tuning", "strategies": ["qnorm"], "steps": 2,
+                          "grid": {"learning_rate": [1e-5, 1e-3]}}])
+    cells = CrossoverRunner(config, "c.yaml").run(poll_s=0)["cells"]
+    main = next(c for c in cells if c["run"]["group"] == "main")
+    assert main["run"]["tuned"]["learning_rate"] in (1e-5, 1e-3)
+
+
+def test_a_run_claimed_by_one_worker_is_not_taken_by_another(study):
+    runner = CrossoverRunner(study(), "c.yaml")
+    with runner._claim("k1") as first:
+        with runner._claim("k1") as second, runner._claim("k2") as other:
+            assert first and not second and other
+    with runner._claim("k1") as again:
+        assert again  # released when the first worker let go (or died)
+
+
+def test_run_labels_name_what_varies():
+    assert RunSpec("qnorm", seed=1, steps=800).label == "main_qnorm_s1_800"
+    assert RunSpec("cosine", fraction=0.25, steps=400, group="data_size").label == "data_size_cosine_s0_400_f0.25"
+    spec = RunSpec("cosine", steps=2, group="tuning", overrides={"learning_rate": 5e-5}, tuned={"x": 1})
+    assert spec.label == "tuning_cosine_s0_2_learning_rate5e-05"
+
+
+def test_the_shipped_config_loads():
+    from rag_mag.bench.crossover import load_crossover_config
+    from rag_mag.models import REPO_ROOT
+
+    config = load_crossover_config(REPO_ROOT / "eval" / "configs" / "crossover.yaml")
+    specs = config.run_specs()
+    main = [s for s in specs if s.group == "main"]
+    assert {(s.strategy, s.seed, s.steps) for s in main if s.strategy in ("cosine", "qnorm")} == {
+        ("cosine", 0, 800), ("cosine", 1, 800), ("qnorm", 0, 800), ("qnorm", 1, 800)}
+    assert all(s.steps >= 400 for s in main)
+    assert specs[0].group == "tuning" and {s.fraction for s in specs if s.group == "data_size"} == {0.25, 0.5, 1.0}
