@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
-from rag_mag.errors import ConfigError
+from rag_mag.errors import CheckpointError, ConfigError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.models import default_retriever_dir
-    from rag_mag.pipelines import default_index_dir, default_pipeline
+    from rag_mag.serving.pipelines import default_index_dir, default_pipeline, default_qdrant_dir
 
     parser = subparsers.add_parser(
         "ask", help="answer a question from the index (runs pipelines/rag.yaml)",
@@ -19,7 +20,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "with its ranked sources: score = cosine x query norm x document norm.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("question", help="the question, in quotes")
-    parser.add_argument("--index", default=str(default_index_dir()), help="index folder (from `rag-mag index`)")
+    parser.add_argument("--index", default=str(default_index_dir()),
+                        help="index folder (from `rag-mag index`); for pipelines that read a FAISS index")
+    parser.add_argument("--qdrant", default=str(default_qdrant_dir()), metavar="DIR",
+                        help="embedded Qdrant folder (from `rag-mag export-index`); for pipelines/rag_qdrant.yaml")
     parser.add_argument("--retriever", default=str(default_retriever_dir()),
                         help="retriever checkpoint the index was built with")
     parser.add_argument("--pipeline", default=str(default_pipeline("rag")),
@@ -34,14 +38,30 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.pipelines import load_pipeline, named_outputs, parse_overrides, question_inputs, run_pipeline
+    from rag_mag.serving.answers import answer_report, first_answer
+    from rag_mag.serving.pipelines import (
+        load_pipeline,
+        named_outputs,
+        parse_overrides,
+        question_inputs,
+        read_pipeline_dict,
+        run_pipeline,
+    )
 
     question = args.question.strip()
     if not question:
         raise ConfigError("the question is empty; ask a question, e.g. rag-mag ask \"Who wrote Hamlet?\"")
     if args.top_k is not None and args.top_k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {args.top_k}")
-    overrides: dict[str, Any] = {"index": args.index, "retriever": args.retriever}
+    overrides: dict[str, Any] = {"retriever": args.retriever}
+    # --index and --qdrant have defaults: each goes only to pipelines that declare it (rag_qdrant.yaml: qdrant)
+    declared = ((read_pipeline_dict(args.pipeline).get("metadata") or {}).get("rag_mag") or {}).get("parameters")
+    for name, value in (("index", args.index), ("qdrant", args.qdrant)):
+        if name in (declared or {}):
+            overrides[name] = value
+    if "qdrant" in overrides and not Path(overrides["qdrant"]).is_dir():  # Qdrant would open an empty collection
+        raise CheckpointError(f"no Qdrant folder at {overrides['qdrant']}; copy an index into it with "
+                              f"`rag-mag export-index INDEX_DIR --qdrant {overrides['qdrant']}`")
     if args.top_k is not None:
         overrides["top_k"] = args.top_k
     if args.llm_url:
@@ -50,27 +70,10 @@ def run(args: argparse.Namespace) -> int:
     pipeline = load_pipeline(args.pipeline, overrides, preflight=True)
     result = run_pipeline(pipeline, question_inputs(pipeline, question))
     outputs = named_outputs(pipeline, result)
-    answers = outputs.get("answers") or []
-    if not answers:
-        raise ConfigError(f"pipeline {args.pipeline} returned no answer (metadata.rag_mag.outputs.answers must "
-                          "name the AnswerBuilder output)")
-    report = answer_report(question, answers[0], outputs.get("queries"))
+    answer = first_answer(outputs, source=f"pipeline {args.pipeline}")
+    report = answer_report(question, answer, outputs.get("queries"))
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
     return 0
-
-
-def answer_report(question: str, answer, queries: list[str] | None = None) -> dict[str, Any]:
-    """The answer and its sources as plain data (also used by the JSON output)."""
-    sources = []
-    for rank, document in enumerate(answer.documents or [], start=1):
-        meta = document.meta or {}
-        sources.append({
-            "rank": rank, "id": document.id, "title": meta.get("title", ""), "text": document.content,
-            "score": document.score, "cosine": meta.get("cosine"), "query_norm": meta.get("query_norm"),
-            "document_norm": meta.get("document_norm"), "query_raw_norm": meta.get("query_raw_norm"),
-            "document_raw_norm": meta.get("document_raw_norm"), "hop": meta.get("hop"),
-        })
-    return {"question": question, "answer": (answer.data or "").strip(), "queries": queries, "sources": sources}
 
 
 def _number(value: Any, digits: int = 3) -> str:
@@ -78,6 +81,7 @@ def _number(value: Any, digits: int = 3) -> str:
 
 
 def format_report(report: dict[str, Any], text_chars: int = 160) -> str:
+    """``rag_mag.serving.answers.answer_report`` as the text ``rag-mag ask`` prints."""
     lines = [f"Answer: {report['answer'] or '(empty)'}", ""]
     if report.get("queries") and len(report["queries"]) > 1:
         lines += ["Search rounds:"] + [f"  {i}. {q}" for i, q in enumerate(report["queries"], start=1)] + [""]

@@ -11,7 +11,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "bench", help="train, index, retrieve, generate and score every strategy; write a report",
         description="Run the benchmark described by CONFIG (see eval/configs/): train one retriever per strategy "
-                    "and seed (cached), index each dataset's corpus, retrieve, answer with the vLLM server (started "
+                    "and seed (cached), index each dataset's corpus, run every listed pipeline YAML (rag.yaml, "
+                    "rag_multihop.yaml, your own) with every retriever, answering with the vLLM server (started "
                     "if needed), score EM/F1 and retrieval, and write report.md, results.json and plots under "
                     "eval/reports/<name>/. Interrupted runs resume: finished cells and generations are reused.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -19,6 +20,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--output-dir", help="write the report here instead of eval/reports/<name>")
     parser.add_argument("--llm-url", help="use this vLLM server (default: RAG_MAG_VLLM_URL or 127.0.0.1:8000)")
     parser.add_argument("--max-questions", type=int, help="override max_questions for every dataset")
+    parser.add_argument("--pipeline", action="append", metavar="FILE",
+                        help="score this pipeline YAML instead of the config's pipelines (repeat for several); its "
+                             "rows are named FILE-STEM:SYSTEM")
     parser.add_argument("--data-root", help="folder of the shared datasets (default: RAG_MAG_DATA_ROOT or "
                                             "../shared/data)")
     return parser
@@ -30,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {key: value for key, value in (("output_dir", args.output_dir), ("llm_url", args.llm_url),
                                                ("data_root", args.data_root)) if value}
+    if args.pipeline:
+        overrides.update(pipelines=list(args.pipeline), pipeline=None)
     if args.max_questions is not None:
         overrides.update(max_questions=args.max_questions, dataset_max_questions={})
     config = load_bench_config(args.config, overrides)

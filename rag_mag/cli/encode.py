@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rag_mag import durable
 from rag_mag.errors import ConfigError
 
 
@@ -31,7 +32,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from rag_mag.data import read_corpus, read_eval
-    from rag_mag.encoder import MagnitudeEncoder
+    from rag_mag.retriever.encoder import MagnitudeEncoder
 
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
@@ -48,15 +49,15 @@ def run(args: argparse.Namespace) -> int:
     treatment = encoder.query_treatment() if side == "query" else encoder.document_treatment()
     import torch
 
+    from rag_mag.retriever.diagnostics import coefficient_of_variation
+
     embeddings = raw if args.raw else treatment.apply(torch.from_numpy(raw)).numpy()
     norms = np.linalg.norm(raw, axis=1)
     out = Path(args.out if args.out.endswith(".npz") else args.out + ".npz")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.tmp.npz")
-    np.savez(staging, ids=np.array(ids), embeddings=embeddings.astype(np.float32), norms=norms.astype(np.float32))
-    staging.replace(out)
+    with durable.atomic_write(out, "wb") as handle:
+        np.savez(handle, ids=np.array(ids), embeddings=embeddings.astype(np.float32), norms=norms.astype(np.float32))
     print(json.dumps({"out": str(out), "count": len(ids), "dim": int(raw.shape[1]), "side": side,
                       "strategy": encoder.config.strategy, "degree": treatment.degree,
-                      "raw_norm_mean": float(norms.mean()), "raw_norm_cv": float(norms.std() / norms.mean())},
+                      "raw_norm_mean": float(norms.mean()), "raw_norm_cv": coefficient_of_variation(norms)},
                      indent=2))
     return 0

@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.models import REPO_ROOT, default_retriever_dir
-    from rag_mag.pipelines import default_index_dir, default_pipeline
+    from rag_mag.serving.pipelines import default_index_dir, default_pipeline
 
     parser = subparsers.add_parser(
         "index", help="embed a corpus and save a FAISS index (runs pipelines/indexing.yaml)",
@@ -33,15 +33,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="flat is exact; hnsw and ivf are approximate and lose recall on un-normalized vectors")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
     parser.add_argument("--pipeline", default=str(default_pipeline("indexing")), help="indexing pipeline YAML")
+    parser.add_argument("--verify", metavar="INDEX_DIR",
+                        help="check an existing index folder instead of building one: every file against its size "
+                             "and sha256 in the manifest, the ids' count and order, documents against ids; exits 2 "
+                             "on any mismatch")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
                         help="extra override of a component parameter (repeatable)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.components.faiss_index import is_index_folder
-    from rag_mag.pipelines import load_pipeline, parse_overrides, run_pipeline
+    from rag_mag.components.faiss_index import is_index_folder, verify_folder
+    from rag_mag.serving.pipelines import load_pipeline, parse_overrides, run_pipeline
 
+    if args.verify:
+        print(json.dumps(verify_folder(Path(args.verify)), indent=2))
+        return 0
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     out = Path(args.out)

@@ -20,13 +20,16 @@ from rag_mag.errors import RagMagError
 COMMANDS = {
     "train": "train",
     "mine": "mine",
+    "build-data": "build_data",
     "encode": "encode",
     "index": "index",
+    "export-index": "export_index",
     "ask": "ask",
     "run": "run_pipeline",
     "serve-llm": "serve_llm",
     "serve": "serve",
     "bench": "bench",
+    "crossover": "crossover",
     "quickstart": "quickstart",
 }
 

@@ -11,6 +11,19 @@ from rag_mag.data import read_corpus, read_eval, read_pairs, write_jsonl
 logger = logging.getLogger(__name__)
 
 
+def _count(minimum: int):
+    """An argparse type: a whole number of at least ``minimum`` (a clear one-line error otherwise)."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {number}")
+        return number
+    return parse
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "mine", help="mine training triples from question/answer pairs and a corpus",
@@ -23,15 +36,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="output triples JSONL")
     parser.add_argument("--exclude", action="append", default=[], metavar="EVAL_JSONL",
                         help="evaluation file whose questions must not be mined (repeatable)")
-    parser.add_argument("--top-k", type=int, default=100, help="BM25 candidates per question")
-    parser.add_argument("--max-positives", type=int, default=1, help="positives kept per question")
-    parser.add_argument("--hard-negatives", type=int, default=4, help="hard negatives kept per question")
-    parser.add_argument("--limit", type=int, default=0, help="mine only the first N pairs (0: all)")
+    parser.add_argument("--top-k", type=_count(1), default=100, help="BM25 candidates per question")
+    parser.add_argument("--max-positives", type=_count(1), default=1, help="positives kept per question")
+    parser.add_argument("--hard-negatives", type=_count(0), default=4, help="hard negatives kept per question")
+    parser.add_argument("--limit", type=_count(0), default=0, help="mine only the first N pairs (0: all)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.mining import evaluation_keys, mine_triples
+    from rag_mag.retriever.mining import evaluation_keys, mine_triples
 
     pairs = read_pairs(args.pairs)
     if args.limit:

@@ -24,7 +24,7 @@ TOP_K = 3
 DEFAULT_QUESTION = "Hamid Karzai became the first elected president of which country in 2004?"
 # Small on purpose: a couple of minutes on 2 CPU cores. The benchmark configs train far longer.
 DEFAULT_TRAINING = {"steps": 60, "batch_size": 16, "hard_negatives": 1, "learning_rate": 3e-5, "eval_every": 20,
-                    "save_every": 20, "val_fraction": 0.1, "bf16": True, "seed": 0}
+                    "save_every": 20, "val_fraction": 0.1, "seed": 0}
 
 
 def retriever_dir(strategy: str, default_strategy: str) -> Path:
@@ -34,7 +34,7 @@ def retriever_dir(strategy: str, default_strategy: str) -> Path:
 
 
 def index_dir(strategy: str, default_strategy: str) -> Path:
-    from rag_mag.pipelines import default_index_dir
+    from rag_mag.serving.pipelines import default_index_dir
 
     return default_index_dir() if strategy == default_strategy else artifacts_dir() / f"index-{strategy}"
 
@@ -52,8 +52,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def ensure_retriever(strategy: str, folder: Path) -> None:
-    from rag_mag.config import TrainConfig
-    from rag_mag.trainer import Trainer
+    from rag_mag.retriever.config import TrainConfig
+    from rag_mag.retriever.trainer import Trainer
 
     if (folder / "rag_mag.json").is_file():
         logger.info("retriever %s: %s (already trained)", strategy, folder)
@@ -63,11 +63,13 @@ def ensure_retriever(strategy: str, folder: Path) -> None:
                          **DEFAULT_TRAINING)
     logger.info("training the %s retriever on the bundled sample (%d steps)", strategy, config.steps)
     result = Trainer(config).train()
-    from rag_mag.encoder import MagnitudeEncoder
+    from rag_mag.retriever.encoder import MagnitudeEncoder
 
     MagnitudeEncoder.load(result.best_dir).save(folder)  # atomic; the resumable work folder stays beside it
-    (folder / "training.json").write_text(json.dumps({"validation": result.best_metrics, "config": config.to_dict()},
-                                                     indent=2))
+    from rag_mag import durable
+
+    durable.write_text(folder / "training.json", json.dumps({"validation": result.best_metrics,
+                                                             "config": config.to_dict()}, indent=2))
 
 
 def ensure_index(strategy: str, retriever: Path, folder: Path) -> None:
@@ -84,10 +86,10 @@ def ensure_index(strategy: str, retriever: Path, folder: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag import llm_server
     from rag_mag.cli.main import main
-    from rag_mag.errors import ConfigError, ServerNotRunningError
-    from rag_mag.strategies import Strategy
+    from rag_mag.errors import ConfigError
+    from rag_mag.retriever.strategies import Strategy
+    from rag_mag.serving import llm_server
 
     strategies = [Strategy.parse(s).value for s in args.strategies.split(",") if s.strip()]
     if not strategies:
@@ -98,17 +100,6 @@ def run(args: argparse.Namespace) -> int:
         ensure_index(strategy, retriever_dir(strategy, default), index_dir(strategy, default))
     if args.train_only:
         return 0
-    url = llm_server.default_api_base_url()
-    started = None
-    try:
-        llm_server.check_server(url)
-    except ServerNotRunningError:
-        address = llm_server.parse_api_base_url(url)
-        logger.info("starting the vLLM server (about a minute and a half on CPU)")
-        started = llm_server.start_server(host=address.host, port=address.port)
-    try:
+    with llm_server.running_server(keep=args.keep_server):
         return main(["ask", args.question, "--retriever", str(retriever_dir(default, default)),
                      "--index", str(index_dir(default, default)), "--top-k", str(TOP_K)])
-    finally:
-        if started is not None and not args.keep_server:
-            llm_server.stop_server(started.port)

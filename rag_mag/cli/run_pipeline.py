@@ -47,7 +47,7 @@ def parse_inputs(text: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.pipelines import load_pipeline, parse_overrides, run_pipeline, to_jsonable
+    from rag_mag.serving.pipelines import load_pipeline, parse_overrides, run_pipeline, to_jsonable
 
     inputs = parse_inputs(args.input)
     pipeline = load_pipeline(args.pipeline, parse_overrides(args.overrides), preflight=not args.no_preflight)

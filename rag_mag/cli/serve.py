@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from rag_mag.errors import ConfigError, ServerNotRunningError
+from rag_mag.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def _port(value: str) -> int:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.demo.service import DEFAULT_MAX_TOP_K
-    from rag_mag.pipelines import default_pipeline
+    from rag_mag.serving.pipelines import default_pipeline
 
     parser = subparsers.add_parser(
         "serve", help=f"the question-answering demo in the browser (http://127.0.0.1:{DEFAULT_PORT})",
@@ -60,6 +60,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--max-top-k", type=_positive, default=DEFAULT_MAX_TOP_K,
                         help="largest top_k a request may ask for (default %(default)s; the prompt must fit the "
                              "model's context)")
+    parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                        help="a host name the demo answers to in Host and Origin headers, besides localhost, "
+                             "127.0.0.1 and ::1 (repeatable; needed when --host binds another address and the page "
+                             "is opened under that name; '*' turns the check off)")
     parser.add_argument("--start-llm", action="store_true",
                         help="start the vLLM server if it is not running (and stop it when the demo stops)")
     return parser
@@ -77,13 +81,21 @@ def resolve_indexes(specs_text: list[str]):
     return check_unique(specs)
 
 
+def allowed_hosts(args: argparse.Namespace) -> list[str]:
+    """localhost, the bound address (unless it is a wildcard) and every --allowed-host."""
+    from rag_mag.demo.guards import LOCAL_HOSTS
+
+    bound = [] if args.host in ("0.0.0.0", "::", "") else [args.host]
+    return [*LOCAL_HOSTS, *bound, *args.allowed_hosts]
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from rag_mag import llm_server
     from rag_mag.demo.app import create_app
     from rag_mag.demo.loading import load_index
     from rag_mag.demo.service import DemoService
+    from rag_mag.serving import llm_server
 
     specs = resolve_indexes(args.indexes)
     for noisy in ("httpx2", "openai"):  # one line per vLLM request otherwise
@@ -91,17 +103,8 @@ def run(args: argparse.Namespace) -> int:
     if llm_server.port_in_use(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (another demo?); stop it or choose "
                           "another with --port")
-    url = llm_server.normalize_api_base_url(args.llm_url or llm_server.default_api_base_url())
-    started = None
-    try:
-        llm_server.check_server(url)
-    except ServerNotRunningError as error:
-        if not args.start_llm:
-            raise ServerNotRunningError(f"{error}; or pass --start-llm to start it with the demo") from None
-        address = llm_server.parse_api_base_url(url)
-        logger.info("starting the vLLM server at %s (about a minute and a half on CPU)", url)
-        started = llm_server.start_server(host=address.host, port=address.port)
-    try:
+    with llm_server.running_server(args.llm_url, start=args.start_llm,
+                                   not_running_hint="; or pass --start-llm to start it with the demo") as url:
         loaded = [load_index(spec, args.pipeline, url) for spec in specs]
         llm_server.check_pipeline_servers(loaded[0].pipeline)  # the served model is the one the pipeline names
         service = DemoService(loaded, url, max_concurrency=args.max_concurrency, max_waiting=args.max_waiting,
@@ -109,9 +112,7 @@ def run(args: argparse.Namespace) -> int:
         logger.info("serving %s with %s; generation at %s", ", ".join(
             f"{item.spec.name} ({item.strategy}, {item.documents} passages)" for item in loaded), args.pipeline, url)
         logger.info("open http://%s:%d in a browser (Ctrl-C stops the demo)", args.host, args.port)
-        uvicorn.run(create_app(service), host=args.host, port=args.port, log_config=None, access_log=False,
+        app = create_app(service, allowed_hosts=allowed_hosts(args))
+        uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False,
                     timeout_graceful_shutdown=5)
-    finally:
-        if started is not None:
-            llm_server.stop_server(started.port)
     return 0

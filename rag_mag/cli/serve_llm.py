@@ -7,8 +7,9 @@ import logging
 import time
 from pathlib import Path
 
-from rag_mag import llm_server
 from rag_mag.errors import ConfigError, ServerNotRunningError
+from rag_mag.precision import PRECISIONS
+from rag_mag.serving import llm_server
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds to wait for the server to answer (default %(default)s; ~80 s on 2 CPU cores)")
     parser.add_argument("--max-model-len", type=int, default=2048, help="context length (default %(default)s)")
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
+                        help="server dtype: auto = bfloat16 where the CPU computes it natively (avx512_bf16/AMX), "
+                             "float32 otherwise (emulated bf16 is several times slower); on a GPU, the model's dtype "
+                             "(default %(default)s)")
     parser.add_argument("--force-convert", action="store_true", help="convert again even if already converted")
     return parser
 
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.convert_only:
         raise ConfigError("--convert-only converts the packaged SmolLM2 GGUF; it takes no --model")
     kwargs = dict(host=args.host, port=port, served_model_name=args.served_model_name,
-                  max_model_len=args.max_model_len)
+                  max_model_len=args.max_model_len, precision=args.precision)
     if args.foreground:
         return llm_server.run_foreground(args.model, **kwargs)
     logger.info("starting vLLM on %s:%d (about 80 s on 2 CPU cores)", args.host, port)

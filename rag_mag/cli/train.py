@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from rag_mag.config import TrainConfig, add_dataclass_arguments, load_train_config
 from rag_mag.errors import ConfigError
+from rag_mag.retriever.config import TrainConfig, add_dataclass_arguments, load_train_config
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,14 +23,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.trainer import Trainer
+    from rag_mag.retriever.trainer import Trainer
 
     config = load_train_config(args, args.config)
     if not config.train_data:
         raise ConfigError("no training data: pass --train-data FILE (triples JSONL) or set train_data in --config")
     if not config.out:
         raise ConfigError("no output folder: pass --out DIR")
-    result = Trainer(config).train()
+    trainer = Trainer(config)
+    result = trainer.train()
+    if not trainer.group.is_main:  # under torchrun the run's summary is printed once, by rank 0
+        return 0
     print(json.dumps({"best": str(result.best_dir), "last": str(result.last_dir), "step": result.step,
                       "best_validation": result.best_metrics}, indent=2))
     return 0

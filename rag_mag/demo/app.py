@@ -11,6 +11,11 @@ Routes:
 
 Every error is JSON in OpenAI's shape, ``{"error": {"message", "type", "code", "param"}}``: 400/404 for a bad
 question, top_k or index, 503 when vLLM is down or the demo is busy, 502 when vLLM refuses a request.
+
+Requests are checked before anything else: a Host (and, when sent, Origin) that is not one of the allowed
+host names is refused with 403 (DNS rebinding, other web pages posting to the local demo); a POST body must be
+JSON (``Content-Type: application/json``, else 415, so no page can send it without a CORS preflight) and at
+most ``max_body_bytes`` long (else 413); see rag_mag/demo/guards.py.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,8 +34,11 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from rag_mag.demo import openai_api
-from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService, Event, RequestError
+from rag_mag.demo.guards import LOCAL_HOSTS, MAX_BODY_BYTES, HostGuard, json_body
+from rag_mag.demo.messages import Event, RequestError
+from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService
 from rag_mag.errors import RagMagError, ServerNotRunningError
+from rag_mag.serving.answers import NoAnswerError
 
 logger = logging.getLogger(__name__)
 
@@ -63,17 +71,6 @@ def error_response(error: BaseException) -> JSONResponse:
     if error_status(error) >= 500 and not isinstance(error, RagMagError):
         logger.error("request failed", exc_info=error)
     return JSONResponse(error_body(error), status_code=error_status(error))
-
-
-async def json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError("the request body is not valid JSON; send e.g. {\"question\": \"Who wrote Hamlet?\"}",
-                           code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object, e.g. {\"question\": \"Who wrote Hamlet?\"}")
-    return body
 
 
 async def primed(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
@@ -113,8 +110,12 @@ async def chunk_lines(events: AsyncIterator[Event], model: str, include_usage: b
         yield f"data: {json.dumps(error_body(error))}\n\n"
 
 
-def create_app(service: DemoService) -> FastAPI:
-    """The app around a loaded DemoService; blocking pipeline steps run in a pool of max_concurrency + 4 threads."""
+def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The app around a loaded DemoService; blocking pipeline steps run in a pool of max_concurrency + 4 threads.
+
+    ``allowed_hosts``: the names the demo answers to in Host and Origin headers (``*``: any).
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -130,6 +131,7 @@ def create_app(service: DemoService) -> FastAPI:
     # No /docs: Swagger UI loads from a CDN, which this demo must not need. The schema is at /openapi.json.
     app = FastAPI(title="rag-mag demo", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    app.add_middleware(HostGuard, allowed_hosts=list(allowed_hosts))
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.exception_handler(RagMagError)
@@ -163,12 +165,12 @@ def create_app(service: DemoService) -> FastAPI:
 
     @app.post("/api/ask")
     async def ask(request: Request) -> dict[str, Any]:
-        body = await json_body(request)
+        body = await json_body(request, max_body_bytes)
         return await service.ask(body.get("question"), body.get("index"), body.get("top_k"))
 
     @app.post("/api/ask/stream")
     async def ask_stream(request: Request) -> StreamingResponse:
-        body = await json_body(request)
+        body = await json_body(request, max_body_bytes)
         events = await primed(service.stream(body.get("question"), body.get("index"), body.get("top_k")))
         return StreamingResponse(event_lines(events), media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -178,7 +180,9 @@ def create_app(service: DemoService) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
-        body = await json_body(request)
+        body = await json_body(request, max_body_bytes)
+        if body.get("stream") is not None and not isinstance(body.get("stream"), bool):
+            raise RequestError(f"stream must be true or false, got {body.get('stream')!r}", param="stream")
         try:
             events = await primed(openai_api.open_stream(service, body))
         except RequestError as error:
@@ -188,7 +192,7 @@ def create_app(service: DemoService) -> FastAPI:
             async for event in events:
                 if event.kind == "done":
                     return JSONResponse(openai_api.completion(event.data))
-            raise RagMagError("the pipeline finished without an answer")
+            raise NoAnswerError()
         stream_options = body.get("stream_options")
         include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
         return StreamingResponse(chunk_lines(events, model, include_usage), media_type="text/event-stream",

@@ -41,8 +41,8 @@ def _components_of(pipeline, class_name: str) -> list[str]:
 
 def answer_generators(pipeline) -> tuple[str, ...]:
     """The vLLM generators whose replies reach the component that builds the answers (these are streamed)."""
-    from rag_mag.llm_server import iter_vllm_generators
-    from rag_mag.pipelines import pipeline_section
+    from rag_mag.serving.llm_server import iter_vllm_generators
+    from rag_mag.serving.pipelines import pipeline_section
 
     target = str(pipeline_section(pipeline, "outputs").get("answers", "")).split(".")[0]
     if not target:
@@ -59,7 +59,7 @@ def answer_generators(pipeline) -> tuple[str, ...]:
 def load_index(spec: IndexSpec, pipeline_path: str | Path, llm_url: str) -> LoadedIndex:
     """Build and warm up the pipeline of one index; check that the index was built with its retriever."""
     from rag_mag.components.faiss_index import is_index_folder
-    from rag_mag.pipelines import VLLM_GENERATOR_TYPE, load_pipeline, read_pipeline_dict
+    from rag_mag.serving.pipelines import VLLM_GENERATOR_TYPE, load_pipeline, read_pipeline_dict
 
     if not is_index_folder(spec.index_dir):
         raise CheckpointError(f"index {spec.name!r}: {spec.index_dir} is not an index folder; build it with "

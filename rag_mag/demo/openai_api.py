@@ -14,7 +14,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rag_mag.demo.service import DemoService, Event, RequestError
+from rag_mag.demo.messages import Event, RequestError
+from rag_mag.demo.service import DemoService
 
 
 def question_of(body: dict[str, Any]) -> str:

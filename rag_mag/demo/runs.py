@@ -15,19 +15,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rag_mag.demo.loading import LoadedIndex
-from rag_mag.demo.service import Event, RequestError
-from rag_mag.errors import RagMagError, ServerNotRunningError
+from rag_mag.demo.messages import Event, RequestError
+from rag_mag.errors import ServerNotRunningError
+from rag_mag.serving.answers import answer_report, first_answer, source_reports
 
 logger = logging.getLogger(__name__)
-
-
-def sources_of(question: str, documents: list) -> list[dict[str, Any]]:
-    """Ranked sources with their score parts, as ``rag-mag ask --json`` prints them."""
-    from haystack.dataclasses import GeneratedAnswer
-
-    from rag_mag.cli.ask import answer_report
-
-    return answer_report(question, GeneratedAnswer(data="", query=question, documents=documents, meta={}))["sources"]
 
 
 def _milliseconds(since: float, until: float | None = None) -> float:
@@ -51,7 +43,7 @@ class PipelineRun:
         self.first_token_at: float | None = None
 
     def inputs(self, on_chunk) -> dict[str, dict[str, Any]]:
-        from rag_mag.pipelines import question_inputs
+        from rag_mag.serving.pipelines import question_inputs
 
         inputs = question_inputs(self.loaded.pipeline, self.question)
         for name in self.loaded.retrievers:
@@ -61,7 +53,7 @@ class PipelineRun:
         return inputs
 
     async def events(self) -> AsyncIterator[Event]:
-        from rag_mag.pipelines import outputs_to_report
+        from rag_mag.serving.pipelines import outputs_to_report
 
         pipeline = self.loaded.pipeline
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -98,7 +90,7 @@ class PipelineRun:
                 elif kind == "sources":
                     self.retrieved_at = self.retrieved_at or time.perf_counter()
                     yield Event("sources", {"index": self.loaded.spec.name, "strategy": self.loaded.strategy,
-                                            "sources": sources_of(self.question, data),
+                                            "sources": source_reports(data),
                                             "retrieval_ms": _milliseconds(self.started, self.retrieved_at)})
                 elif kind == "error":
                     translated = self.translate(data)
@@ -115,34 +107,30 @@ class PipelineRun:
                     await task
 
     def translate(self, error: Exception) -> Exception:
-        """The error a user should see: ours unwrapped, vLLM trouble as ServerNotRunningError or a 502."""
-        import openai
-        from haystack.core.errors import PipelineRuntimeError
+        """The error a user should see: ours unwrapped, vLLM trouble as ServerNotRunningError or a 4xx/502."""
+        from rag_mag.serving.pipelines import LLMRequestError, PromptTooLongError, explain_run_error
 
-        cause = error.__cause__ if isinstance(error, PipelineRuntimeError) and error.__cause__ else error
-        if isinstance(cause, RagMagError):
-            return cause
+        explained = explain_run_error(error)
+        if explained is None:
+            return error
         url = self.loaded.pipeline.get_component(self.loaded.answer_generators[0]).api_base_url
-        if isinstance(cause, openai.APIConnectionError):  # also APITimeoutError
-            return ServerNotRunningError(f"lost the connection to the vLLM server at {url} ({cause}); check it "
-                                         "with `rag-mag serve-llm --status`, or start it with `rag-mag serve-llm`")
-        if isinstance(cause, openai.APIStatusError):
-            return RequestError(f"the vLLM server at {url} refused the request (HTTP {cause.status_code}): "
-                                f"{cause.message}", status=502, code="llm_error")
-        return error
+        if isinstance(explained, ServerNotRunningError):
+            return ServerNotRunningError(f"lost the connection to the vLLM server at {url}; check it with "
+                                         "`rag-mag serve-llm --status`, or start it with `rag-mag serve-llm`")
+        if isinstance(explained, PromptTooLongError):
+            return RequestError(f"{explained}", status=400, code="context_length_exceeded", param="question")
+        if isinstance(explained, LLMRequestError):
+            return RequestError(str(explained).replace("the vLLM server", f"the vLLM server at {url}", 1),
+                                status=502, code="llm_error")
+        return explained
 
     def result(self, final: dict[str, Any]) -> dict[str, Any]:
-        from rag_mag.cli.ask import answer_report
-        from rag_mag.pipelines import named_outputs
+        from rag_mag.serving.pipelines import named_outputs
 
         finished = time.perf_counter()
         pipeline = self.loaded.pipeline
         outputs = named_outputs(pipeline, final)
-        answers = outputs.get("answers") or []
-        if not answers:
-            raise RagMagError("the pipeline returned no answer; metadata.rag_mag.outputs.answers must name the "
-                              "AnswerBuilder output")
-        report = answer_report(self.question, answers[0], outputs.get("queries"))
+        report = answer_report(self.question, first_answer(outputs), outputs.get("queries"))
         replies = (final.get(self.loaded.answer_generators[0]) or {}).get("replies") or []
         reply_meta = replies[0].meta if replies else {}
         report.update(

@@ -15,11 +15,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
+from rag_mag.demo import runs
 from rag_mag.demo.loading import LoadedIndex
-from rag_mag.errors import RagMagError, ServerNotRunningError
+from rag_mag.demo.messages import Event, RequestError
+from rag_mag.errors import ServerNotRunningError
+from rag_mag.serving.answers import NoAnswerError
 
 logger = logging.getLogger(__name__)
 
@@ -27,25 +29,6 @@ MAX_QUESTION_CHARS = 1000
 DEFAULT_MAX_TOP_K = 8  # 8 passages of <= 700 characters, a long question and the answer fit SmolLM2's 2048 tokens
 MAX_ANSWER_TOKENS = 512
 LLM_CHECK_TTL_S = 2.0  # a successful reachability check of vLLM is trusted this long
-
-
-class RequestError(RagMagError):
-    """A request the demo refuses or cannot serve; ``status`` is the HTTP status it maps to."""
-
-    def __init__(self, message: str, *, status: int = 400, code: str = "invalid_request",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.param = param
-
-
-@dataclass(frozen=True)
-class Event:
-    """One step of a streamed answer: ``sources`` (retrieved passages), ``token`` (text) or ``done`` (result)."""
-
-    kind: str
-    data: Any
 
 
 class DemoService:
@@ -72,9 +55,10 @@ class DemoService:
 
     # ------------------------------------------------------------------------------ what it serves
     def index_info(self) -> list[dict[str, Any]]:
+        """What the API shows of each index: folder names only, never paths on the server's disk."""
         return [{"name": name, "strategy": loaded.strategy, "documents": loaded.documents,
                  "default_top_k": min(loaded.top_k, self.max_top_k), "default": name == self.default_index,
-                 "index_dir": str(loaded.spec.index_dir), "retriever_dir": str(loaded.spec.retriever_dir)}
+                 "index_dir": loaded.spec.index_dir.name, "retriever_dir": loaded.spec.retriever_dir.name}
                 for name, loaded in self.indexes.items()]
 
     def load(self) -> dict[str, int]:
@@ -123,7 +107,7 @@ class DemoService:
     # ------------------------------------------------------------------------------ the vLLM server
     async def check_llm(self) -> list[str]:
         """Raise ServerNotRunningError at once when vLLM does not answer (a success is trusted briefly)."""
-        from rag_mag.llm_server import check_server
+        from rag_mag.serving.llm_server import check_server
 
         if time.monotonic() < self._llm_ok_until:
             return []
@@ -155,15 +139,13 @@ class DemoService:
 
         Raises RequestError (bad request, busy), ServerNotRunningError (vLLM down) or another RagMagError.
         """
-        from rag_mag.demo.runs import PipelineRun
-
         question, loaded, top_k = self.validate(question, index, top_k)
         generation_kwargs = self.generation_kwargs(max_tokens, temperature)
         started = time.perf_counter()
         await self.check_llm()
         queued = time.perf_counter()
         async with self._slot():
-            run = PipelineRun(loaded, question, top_k, generation_kwargs, started=started, queued=queued)
+            run = runs.PipelineRun(loaded, question, top_k, generation_kwargs, started=started, queued=queued)
             try:
                 async for event in run.events():
                     yield event
@@ -178,5 +160,5 @@ class DemoService:
             if event.kind == "done":
                 result = event.data
         if result is None:
-            raise RagMagError("the pipeline finished without an answer; check metadata.rag_mag.outputs.answers")
+            raise NoAnswerError()
         return result

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from rag_mag.demo.indexes import IndexSpec, discover_indexes
-from rag_mag.llm_server import find_free_port, log_tail
 from rag_mag.models import REPO_ROOT, artifacts_dir
+from rag_mag.serving.llm_server import find_free_port, log_tail
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ def _corpus_slice(path: Path) -> Path:
 
 def demo_indexes(root: Path) -> list[IndexSpec]:
     """qnorm and cosine index specs: the quickstart's when built, else small ones built under ``root``."""
-    from rag_mag.encoder import MagnitudeEncoder
-    from rag_mag.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+    from rag_mag.retriever.encoder import MagnitudeEncoder
+    from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
 
     built = {spec.name: spec for spec in discover_indexes(artifacts_dir())}
     if {"qnorm", "cosine"} <= built.keys():
@@ -126,7 +126,7 @@ def app_without_llm(specs: list[IndexSpec]):
     from rag_mag.demo.app import create_app
     from rag_mag.demo.loading import load_index
     from rag_mag.demo.service import DemoService
-    from rag_mag.pipelines import default_pipeline
+    from rag_mag.serving.pipelines import default_pipeline
 
     url = f"http://127.0.0.1:{find_free_port()}/v1"
     return create_app(DemoService([load_index(spec, default_pipeline("rag"), url) for spec in specs], url))

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rag_mag.llm_server import find_free_port
+from rag_mag.serving.llm_server import find_free_port
 from tests.integration.demo_support import (
     QUESTION,
     DemoProcess,
@@ -171,11 +171,11 @@ def test_vllm_down_while_serving_is_a_clear_503(specs, tmp_path: Path):
     from rag_mag.demo.app import create_app
     from rag_mag.demo.loading import load_index
     from rag_mag.demo.service import DemoService
-    from rag_mag.pipelines import default_pipeline
+    from rag_mag.serving.pipelines import default_pipeline
 
     url = closed_port_url()
     service = DemoService([load_index(spec, default_pipeline("rag"), url) for spec in specs], url)
-    with TestClient(create_app(service)) as client:
+    with TestClient(create_app(service), base_url="http://127.0.0.1") as client:
         for path in ("/api/ask", "/api/ask/stream"):
             response = client.post(path, json={"question": QUESTION})
             assert response.status_code == 503

@@ -182,7 +182,8 @@ PANELS = """Array.from(document.querySelectorAll('.panel')).map((panel) => ({
 def test_ask_side_by_side_and_see_streamed_answers_with_score_bars(demo, browser):
     browser.open(demo)
     assert browser.evaluate("document.getElementById('index').value") == "__side_by_side__"
-    assert browser.evaluate("document.getElementById('llm-status').textContent") == "LLM: ready"
+    # the status comes from its own poll of /health: wait for it rather than race it (issue 10)
+    browser.wait_for("document.getElementById('llm-status').textContent === 'LLM: ready'", 120, "'LLM: ready'")
     browser.evaluate(RECORD_STATES)
     browser.type_into("#question", QUESTION)
     browser.evaluate("document.getElementById('top-k').value = '4'")

@@ -19,10 +19,11 @@ from fastapi.testclient import TestClient
 from rag_mag.demo.app import create_app
 from rag_mag.demo.indexes import IndexSpec, discover_indexes, parse_index_spec
 from rag_mag.demo.loading import answer_generators, load_index
+from rag_mag.demo.messages import RequestError
 from rag_mag.demo.openai_api import question_of
-from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService, RequestError
+from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService
 from rag_mag.errors import ConfigError
-from rag_mag.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
 from tests.tiny import tiny_encoder
 
 RAG = PIPELINES_DIR / "rag.yaml"
@@ -65,7 +66,7 @@ def service(built) -> DemoService:
 
 @pytest.fixture(scope="module")
 def client(service):
-    with TestClient(create_app(service)) as test_client:
+    with TestClient(create_app(service), base_url="http://127.0.0.1") as test_client:
         yield test_client
 
 

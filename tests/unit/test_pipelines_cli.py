@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rag_mag.cli.ask import answer_report, format_report
+from rag_mag.cli.ask import format_report
 from rag_mag.cli.main import main
-from rag_mag.pipelines import PIPELINES_DIR
+from rag_mag.serving.answers import answer_report
+from rag_mag.serving.pipelines import PIPELINES_DIR
 from tests.tiny import tiny_encoder
 
 INDEXING, RAG = str(PIPELINES_DIR / "indexing.yaml"), str(PIPELINES_DIR / "rag.yaml")

@@ -1,0 +1,79 @@
+"""``rag-mag crossover``: nDCG@10 curves against training steps and data size, for every strategy."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "crossover", help="train every strategy once per config run; curves of validation and test nDCG@10",
+        description="Runs the crossover study of a config (eval/configs/crossover.yaml): each run trains once and "
+                    "is measured at its checkpoint steps on held-out training queries and on the test sets. "
+                    "Finished runs are cached as cells; run the same command again to resume. Needs the "
+                    "training data of `rag-mag build-data` first.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("config", help="crossover config YAML")
+    parser.add_argument("--time-budget", type=float, default=0.0, metavar="SECONDS",
+                        help="start no new run after this many seconds (0: no limit); the report covers what is done")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="train N runs at once in N processes (each with the config's train.threads); their "
+                             "logs go to artifacts/crossover/worker-K.log")
+    parser.add_argument("--report-only", action="store_true", help="write the report from the finished cells")
+    parser.add_argument("--output-dir", default=None, help="report folder (default: eval/reports/<name>)")
+    return parser
+
+
+def _run_workers(args: argparse.Namespace, runner) -> None:
+    """Start N worker processes of the same study (they share the work through per-run locks) and wait."""
+    import subprocess
+
+    from rag_mag.errors import RagMagError
+
+    runner.work.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "rag_mag.cli.main", "crossover", args.config, "--time-budget",
+               str(args.time_budget)] + (["--output-dir", args.output_dir] if args.output_dir else [])
+    workers = []
+    for index in range(args.workers):
+        log = runner.work / f"worker-{index}.log"
+        with log.open("a") as handle:
+            workers.append(subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT))
+        logger.info("worker %d (pid %d): log %s", index, workers[-1].pid, log)
+    try:
+        codes = [worker.wait() for worker in workers]
+    except KeyboardInterrupt:
+        for worker in workers:
+            worker.terminate()
+        raise
+    if any(codes):
+        raise RagMagError(f"crossover workers exited with {codes}; see {runner.work}/worker-*.log")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rag_mag.bench.crossover import CrossoverRunner, load_crossover_config
+    from rag_mag.bench.crossover_report import write
+    from rag_mag.errors import ConfigError
+
+    if args.time_budget < 0:
+        raise ConfigError(f"--time-budget must be 0 or more seconds, got {args.time_budget}")
+    config = load_crossover_config(args.config)
+    if args.output_dir:
+        config.output_dir = args.output_dir
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be 1 or more, got {args.workers}")
+    runner = CrossoverRunner(config, args.config)
+    if args.workers > 1 and not args.report_only:
+        _run_workers(args, runner)
+        result = runner.collect()
+    else:
+        result = runner.collect() if args.report_only else runner.run(args.time_budget)
+    if not result["cells"]:
+        logger.warning("no finished runs yet; nothing to report")
+        return 1
+    path = write(result, config.out_dir(), "rag-mag " + " ".join(sys.argv[1:]))
+    print(f"report: {path}")
+    return 0

@@ -1,0 +1,53 @@
+"""``rag-mag export-index``: copy a FAISS index folder into a Qdrant collection searched by dot product."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rag_mag.errors import CheckpointError
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "export-index", help="copy a FAISS index into Qdrant (for pipelines/rag_qdrant.yaml)",
+        description="Write every passage of a rag-mag index folder, with its stored (treated) vector, into a Qdrant "
+                    "collection with dot-product similarity, embedded in a local folder (--qdrant) or on a Qdrant "
+                    "server (--url; the API key, if any, is read from $QDRANT_API_KEY). Needs the vectordb extra: "
+                    "pip install 'rag-mag[vectordb]'.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("index", metavar="INDEX_DIR", help="index folder (from `rag-mag index`)")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--qdrant", metavar="DIR", help="folder of an embedded Qdrant (created if missing)")
+    target.add_argument("--url", help="Qdrant server, e.g. http://localhost:6333")
+    parser.add_argument("--collection", default="Document", help="Qdrant collection")
+    parser.add_argument("--recreate", action="store_true",
+                        help="drop the collection first (otherwise passages of the same id are overwritten and "
+                             "others are kept)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from haystack.utils import Secret
+
+    from rag_mag.components.faiss_index import MANIFEST, is_index_folder
+    from rag_mag.components.index_export import export_index, qdrant_store
+
+    index = Path(args.index)
+    if not is_index_folder(index):
+        raise CheckpointError(f"no index at {index}; build one with `rag-mag index --out {index}`")
+    manifest = json.loads((index / MANIFEST).read_text(encoding="utf-8"))  # checked in full by export_index
+    if args.qdrant and is_index_folder(Path(args.qdrant)):
+        raise CheckpointError(f"--qdrant {args.qdrant} is a FAISS index folder; give a new folder for Qdrant")
+    api_key = Secret.from_env_var("QDRANT_API_KEY", strict=False) if args.url else None
+    store = qdrant_store(manifest["dim"], path=args.qdrant, url=args.url, index=args.collection,
+                         recreate=args.recreate, api_key=api_key)
+    try:
+        written = export_index(index, store)
+        total = store.count_documents()
+    finally:
+        store.close()
+    print(json.dumps({"exported": written, "collection": args.collection, "documents_in_collection": total,
+                      "target": args.qdrant or args.url, "strategy": manifest.get("strategy")}, indent=2))
+    return 0
