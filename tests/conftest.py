@@ -6,3 +6,36 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# ------------------------------------------------------------------------------------- the fault suite's tally
+import pytest  # noqa: E402
+
+_FAULT_TALLY = {"tried": 0, "survived": 0, "clear_error": 0}
+
+
+class FaultCase:
+    """What one fault test reports once its assertions passed: the run survived with nothing lost, or the
+    fault was refused with one clear error."""
+
+    def __init__(self) -> None:
+        _FAULT_TALLY["tried"] += 1
+
+    def survived(self) -> None:
+        _FAULT_TALLY["survived"] += 1
+
+    def clear_error(self) -> None:
+        _FAULT_TALLY["clear_error"] += 1
+
+
+@pytest.fixture
+def fault_case() -> FaultCase:
+    return FaultCase()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _FAULT_TALLY["tried"]:
+        failed = _FAULT_TALLY["tried"] - _FAULT_TALLY["survived"] - _FAULT_TALLY["clear_error"]
+        terminalreporter.write_line(
+            f"fault suite: {_FAULT_TALLY['tried']} cases tried, {_FAULT_TALLY['survived']} survived with nothing "
+            f"lost, {_FAULT_TALLY['clear_error']} clear errors, {failed} failed or skipped")

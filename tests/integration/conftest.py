@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rag_mag import llm_server
+from rag_mag.serving import llm_server
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import pytest
 
 from rag_mag.cli.main import main
 from rag_mag.data import read_eval
-from rag_mag.encoder import MagnitudeEncoder
 from rag_mag.errors import ServerNotRunningError
 from rag_mag.models import REPO_ROOT
-from rag_mag.pipelines import PIPELINES_DIR, load_pipeline, named_outputs, question_inputs, run_pipeline
+from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, named_outputs, question_inputs, run_pipeline
 
 pytestmark = pytest.mark.integration
 

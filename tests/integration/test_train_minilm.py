@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from rag_mag.config import TrainConfig
-from rag_mag.encoder import MagnitudeEncoder
 from rag_mag.models import REPO_ROOT
-from rag_mag.strategies import Strategy
-from rag_mag.trainer import Trainer
+from rag_mag.retriever.config import TrainConfig
+from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.strategies import Strategy
+from rag_mag.retriever.trainer import Trainer
 
 pytestmark = pytest.mark.integration
 SAMPLE_TRIPLES = REPO_ROOT / "data" / "sample" / "train_triples.jsonl"
@@ -20,7 +20,7 @@ PROBES = ["who founded the rock group Nochnye Snaipery?", "capital of France"]
 def test_minilm_trains_under_every_strategy(tmp_path, strategy):
     config = TrainConfig(strategy=strategy, train_data=str(SAMPLE_TRIPLES), out=str(tmp_path / "run"), steps=4,
                          batch_size=8, learning_rate=5e-5, eval_every=4, log_every=1, val_max_queries=24,
-                         calibration_samples=32, bf16=True)
+                         calibration_samples=32)
     result = Trainer(config).train()
     records = [r for r in result.history if "loss" in r]
     assert len(records) == 4 and all(np.isfinite(r["loss"]) for r in records)

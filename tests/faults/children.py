@@ -1,0 +1,49 @@
+"""Processes the fault suite kills: ``python -m tests.faults.children train|index ARGS_JSON``.
+
+Each runs one real save path of rag-mag (a training run on the tiny random BERT, an index write) with
+``RAG_MAG_KILL_AT`` set by the test, so it dies with SIGKILL at a chosen point of the save. With
+``RAG_MAG_TEST_NO_EXCHANGE=1`` the folder swap takes its two-rename fallback (filesystems without
+renameat2), so the moment between the renames can be killed too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def train(args: dict) -> None:
+    from rag_mag.retriever.config import TrainConfig
+    from rag_mag.retriever.encoder import MagnitudeEncoder
+    from rag_mag.retriever.trainer import Trainer
+    from tests.tiny import tiny_encoder
+
+    tokenizer_dir = Path(args.pop("tokenizer_dir"))
+    MagnitudeEncoder.build = classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tokenizer_dir, strategy))
+    Trainer(TrainConfig(**args)).train()
+
+
+def index(args: dict) -> None:
+    import numpy as np
+    from haystack import Document
+
+    from rag_mag.components.faiss_document_store import FAISSDocumentStore
+
+    rng = np.random.default_rng(args["seed"])
+    documents = [Document(id=f"d{i}", content=f"passage {i} of version {args['seed']}",
+                          embedding=rng.normal(size=8).astype(np.float32).tolist(),
+                          meta={"embedding_checkpoint": "fault-suite", "embedding_strategy": "dot"})
+                 for i in range(args["count"])]
+    store = FAISSDocumentStore(path=args["out"], recreate=True)
+    store.write_documents(documents)
+
+
+if __name__ == "__main__":
+    if os.environ.get("RAG_MAG_TEST_NO_EXCHANGE"):
+        from rag_mag import durable
+
+        durable._exchange = lambda first, second: False
+    command, arguments = sys.argv[1], json.loads(sys.argv[2])
+    {"train": train, "index": index}[command](arguments)

@@ -1,0 +1,83 @@
+"""The real vLLM server killed (SIGKILL, its whole process group) in the middle of a streamed answer, then
+restarted: the stream ends with one clear error event, the demo answers 503 while vLLM is down, and answers
+again once it is back, without being restarted itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from rag_mag.serving import llm_server
+from tests.integration.demo_support import InProcessDemo
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
+START_TIMEOUT_S = 900.0
+CHAT = {"model": "qnorm", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "stream": True, "max_tokens": 512, "temperature": 2.0}  # long and random: still streaming when killed
+
+
+@pytest.fixture
+def own_server():
+    """A vLLM server of this test alone (the session's server must survive the other tests)."""
+    llm_server.convert_gguf()
+    port = llm_server.find_free_port()
+    record = llm_server.start_server(port=port, timeout=START_TIMEOUT_S)
+    try:
+        yield port, record
+    finally:
+        llm_server.stop_server(port)
+        llm_server.log_path(port).unlink(missing_ok=True)
+
+
+def test_vllm_killed_mid_stream_and_restarted(own_server, tmp_path, fault_case):
+    from rag_mag.demo.app import create_app
+    from rag_mag.demo.indexes import IndexSpec
+    from rag_mag.demo.loading import load_index
+    from rag_mag.demo.service import DemoService
+    from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+    from tests.tiny import tiny_encoder
+
+    port, record = own_server
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "p0", "title": "Paris", "text": "paris is the capital of france"}) + "\n")
+    checkpoint = tiny_encoder(tmp_path / "tok", "qnorm").save(tmp_path / "retriever")
+    run_pipeline(load_pipeline(PIPELINES_DIR / "indexing.yaml", {"corpus": str(corpus), "retriever": str(checkpoint),
+                                                                  "out": str(tmp_path / "index"),
+                                                                  "embedder.progress_bar": False}), {})
+    url = record.api_base_url
+    service = DemoService([load_index(IndexSpec("qnorm", tmp_path / "index", checkpoint), PIPELINES_DIR / "rag.yaml",
+                                      url)], url)
+    demo = InProcessDemo(create_app(service))
+    try:
+        lines, killed_at = [], None
+        with httpx.stream("POST", f"{demo.url}/v1/chat/completions", json=CHAT, timeout=120.0) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                lines.append(line)
+                if killed_at is None and '"content": "' in line and '"content": ""' not in line:
+                    os.killpg(record.pid, signal.SIGKILL)  # the server and its engine process, mid-answer
+                    killed_at = time.monotonic()
+        assert killed_at is not None, "the answer ended before a token was streamed"
+        assert time.monotonic() - killed_at < 30
+        errors = [json.loads(line[6:])["error"] for line in lines if line.startswith('data: {"error"')]
+        assert len(errors) == 1 and "vLLM server" in errors[0]["message"], lines[-3:]
+        assert "Traceback" not in errors[0]["message"]
+
+        down = httpx.post(f"{demo.url}/api/ask", json={"question": "What is the capital of France?"}, timeout=60)
+        assert down.status_code == 503 and "rag-mag serve-llm" in down.json()["error"]["message"]
+
+        llm_server.start_server(port=port, timeout=START_TIMEOUT_S)  # the same port: the demo is not restarted
+        back = httpx.post(f"{demo.url}/api/ask", json={"question": "What is the capital of France?"}, timeout=300)
+        assert back.status_code == 200, back.text
+        assert back.json()["sources"][0]["id"] == "p0"
+    finally:
+        demo.stop()
+    fault_case.survived()

@@ -1,0 +1,163 @@
+"""The package's layers, read from the source with ``ast`` (nothing is imported).
+
+Low to high: the shared modules at the root of ``rag_mag/`` -> ``metrics`` -> ``retriever`` -> ``components``
+-> ``serving`` -> ``bench`` -> ``demo`` -> ``cli``. A module may import its own layer and the layers below it,
+never one above, also not lazily inside a function; no two modules may import each other, directly or
+through others; and the root holds at most ``MAX_ROOT_FILES`` modules, so that new code lands in a layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "rag_mag"
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / PACKAGE
+LAYERS = ["metrics", "retriever", "components", "serving", "bench", "demo", "cli"]  # above the root, low to high
+MAX_ROOT_FILES = 8
+
+
+def module_name(path: Path) -> str:
+    """``rag_mag/bench/runner.py`` -> ``rag_mag.bench.runner``; a package's ``__init__.py`` is the package."""
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def layer_of(module: str) -> int:
+    """0 for the root modules, then 1 + the index of the module's folder in ``LAYERS``."""
+    parts = module.split(".")
+    if len(parts) == 1 or (PACKAGE_DIR / f"{parts[1]}.py").is_file():
+        return 0
+    if parts[1] not in LAYERS:
+        raise AssertionError(f"{module}: folder rag_mag/{parts[1]}/ has no layer; add it to LAYERS in {__file__}")
+    return 1 + LAYERS.index(parts[1])
+
+
+def layer_name(layer: int) -> str:
+    return "root" if layer == 0 else LAYERS[layer - 1]
+
+
+def imported_modules(module: str, path: Path, known: set[str]) -> dict[str, int]:
+    """``{imported rag_mag module: line}`` for every import in ``path``, at top level or inside functions.
+
+    ``from X import name`` counts as an import of ``X.name`` when that is a module, else of ``X``."""
+    is_package = path.name == "__init__.py"
+    found: dict[str, int] = {}
+
+    def add(target: str, line: int) -> None:
+        if target == PACKAGE or target.startswith(PACKAGE + "."):
+            while target not in known and "." in target:  # an attribute of a module: the module itself
+                target = target.rsplit(".", 1)[0]
+            found.setdefault(target, line)
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's package, one step up per extra dot
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                add(submodule if submodule in known else source, node.lineno)
+    found.pop(module, None)
+    return found
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    modules = package_modules()
+    known = set(modules)
+    return {module: imported_modules(module, path, known) for module, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]``, or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, {})):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- the rules
+def test_no_module_imports_a_higher_layer():
+    graph = import_graph()
+    violations = [
+        f"{module} ({layer_name(layer_of(module))}) imports {target} ({layer_name(layer_of(target))}) at line {line}"
+        for module, targets in graph.items() for target, line in sorted(targets.items())
+        if layer_of(target) > layer_of(module)
+    ]
+    assert not violations, "imports against the layer order (root < " + " < ".join(LAYERS) + "):\n" + \
+        "\n".join(violations)
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(
+        f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:], strict=False)) + f" -> {cycle[-1]}"
+
+
+def test_the_package_root_stays_small():
+    root_files = sorted(path.name for path in PACKAGE_DIR.glob("*.py"))
+    assert len(root_files) <= MAX_ROOT_FILES, (
+        f"{len(root_files)} modules at the root of rag_mag/ ({', '.join(root_files)}); at most {MAX_ROOT_FILES}: "
+        "put the new one in the layer it belongs to")
+
+
+def test_every_folder_has_a_layer():
+    for folder in sorted(p for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file()):
+        assert folder.name in LAYERS, f"rag_mag/{folder.name}/ has no layer; add it to LAYERS"
+
+
+# ---------------------------------------------------------------------------------------- the checker itself
+def test_resolves_absolute_relative_and_lazy_imports(tmp_path, monkeypatch):
+    package = tmp_path / PACKAGE
+    (package / "serving").mkdir(parents=True)
+    (package / "cli").mkdir()
+    for name in ("__init__.py", "errors.py", "serving/__init__.py", "serving/low.py", "cli/__init__.py",
+                 "cli/main.py"):
+        (package / name).write_text("")
+    (package / "serving" / "high.py").write_text(
+        "from . import low\nfrom rag_mag.errors import ConfigError\n\n"
+        "def f():\n    from rag_mag.cli.main import main\n    import rag_mag.serving.low as other\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE_DIR", package)
+    graph = import_graph()
+    assert graph["rag_mag.serving.high"] == {"rag_mag.serving.low": 1, "rag_mag.errors": 2, "rag_mag.cli.main": 5}
+    assert layer_of("rag_mag.cli.main") > layer_of("rag_mag.serving.high") > layer_of("rag_mag.errors") == 0
+
+
+@pytest.mark.parametrize(("graph", "expected"), [
+    ({"a": {"b": 1}, "b": {"c": 1}, "c": {}}, None),
+    ({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}}, ["a", "b", "c", "a"]),
+    ({"a": {"b": 1}, "b": {"b2": 1}, "b2": {"b": 1}}, ["b", "b2", "b"]),
+])
+def test_find_cycle(graph, expected):
+    assert find_cycle(graph) == expected
