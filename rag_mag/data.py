@@ -148,15 +148,20 @@ def _passage(path: Path, number: int, value: Any, fallback_id: str) -> Passage:
 
 
 # ------------------------------------------------------------------------------ typed readers
-def read_corpus(path: str | os.PathLike) -> list[Passage]:
-    passages, seen = [], set()
+def iter_corpus(path: str | os.PathLike) -> Iterator[Passage]:
+    """The passages of a corpus file one at a time, in file order (ids checked for uniqueness)."""
+    seen = set()
     for number, record in iter_jsonl(path):
         passage_id = str(_field(Path(path), number, record, "id", kind=(str, int)))
         text = _field(Path(path), number, record, "text", "contents")
         if passage_id in seen:
             raise DataError(f"{path}:{number}: duplicate passage id {passage_id!r}; ids must be unique")
         seen.add(passage_id)
-        passages.append(Passage(id=passage_id, title=str(record.get("title") or ""), text=text))
+        yield Passage(id=passage_id, title=str(record.get("title") or ""), text=text)
+
+
+def read_corpus(path: str | os.PathLike) -> list[Passage]:
+    passages = list(iter_corpus(path))
     if not passages:
         raise DataError(f"corpus {path} holds no passages")
     return passages

@@ -1,10 +1,18 @@
 """FAISSDocumentStore: Documents with their embeddings in a FAISS inner-product index, saved in a folder.
 
 faiss-haystack only ranks by L2 distance, which cannot serve the dot, qnorm and learnable strategies:
-they need maximum inner-product search over *un-normalized* document vectors. This store always
-searches by inner product. ``index_type="flat"`` (the default) is exact. ``"hnsw"`` and ``"ivf"`` are
-approximate: on un-normalized vectors HNSW lost 7-13% recall@10 in our measurements (PRODUCT.md), so
-measure before using them.
+they need maximum inner-product search (MIPS) over *un-normalized* document vectors. This store always
+ranks by inner product. Index types (``index_type``):
+
+* ``"flat"`` (the default): exact.
+* ``"hnsw_mips"``: HNSW over the exact MIPS-to-L2 reduction (rag_mag.components.mips_index); the
+  approximate type that keeps magnitude. Tune ``ef_search`` for recall.
+* ``"ivf"``: IVF-Flat with inner product; ``nlist=None`` picks about 4 sqrt(n) cells; tune ``nprobe``.
+* ``"hnsw"``: HNSW built directly on inner product, kept as a baseline: it loses recall when norms vary.
+* ``"auto"``: flat below ``AUTO_APPROXIMATE_FROM`` documents (200,000), hnsw_mips from there.
+
+eval/bench_ann.py measures recall@10 against exact search, speed, build time and memory for each
+(eval/README.md, "Approximate search").
 """
 
 from __future__ import annotations
@@ -38,21 +46,25 @@ class FAISSDocumentStore:
     """
 
     def __init__(self, path: str | None = None, index_type: str = "flat", recreate: bool = False,
-                 hnsw_m: int = 32, ef_construction: int = 200, ef_search: int = 128, nlist: int = 256,
-                 nprobe: int = 16) -> None:
+                 hnsw_m: int = 32, ef_construction: int = 200, ef_search: int = 128, nlist: int | None = None,
+                 nprobe: int = 32) -> None:
         """
         :param path: Folder the index is read from and saved to; `None` keeps it in memory only.
-        :param index_type: `"flat"` (exact, default), `"hnsw"` or `"ivf"` (approximate, see the module doc).
+        :param index_type: `"flat"` (exact, default), `"hnsw_mips"`, `"ivf"` or `"hnsw"` (approximate), or
+            `"auto"` (by corpus size); see the module doc.
         :param recreate: Ignore an index already saved at `path` (it is replaced on the first write).
         :param hnsw_m: HNSW graph degree. :param ef_construction: HNSW build breadth.
-        :param ef_search: HNSW search breadth. :param nlist: IVF cells. :param nprobe: IVF cells searched.
+        :param ef_search: HNSW search breadth. :param nlist: IVF cells (`None`: about 4 sqrt(n)).
+        :param nprobe: IVF cells searched.
         """
         faiss_index.check_index_type(index_type)
         for name, value in (("hnsw_m", hnsw_m), ("ef_construction", ef_construction), ("ef_search", ef_search),
                             ("nlist", nlist), ("nprobe", nprobe)):
-            if not isinstance(value, int) or value < 1:
+            if value is None and name == "nlist":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if index_type != "flat":
+        if index_type not in ("flat", "auto"):
             logger.warning("FAISSDocumentStore index_type=%r is approximate: results can miss the true top-k",
                            index_type)
         self.path = path
@@ -94,7 +106,7 @@ class FAISSDocumentStore:
 
     def _load(self, folder: Path) -> None:
         index, ids, records, manifest = faiss_index.read_folder(folder)
-        if index is not None and manifest["index_type"] != self.index_type:
+        if index is not None and self.index_type != "auto" and manifest["index_type"] != self.index_type:
             raise CheckpointError(f"index {folder} is a {manifest['index_type']} index but the store is configured "
                                   f"with index_type={self.index_type!r}; set index_type={manifest['index_type']!r} "
                                   "or rebuild the index")
@@ -112,8 +124,9 @@ class FAISSDocumentStore:
     @property
     def manifest(self) -> dict[str, Any]:
         self._ensure_loaded()
+        index_type = faiss_index.resolve_index_type(self.index_type, len(self._documents))
         return {"format_version": faiss_index.FORMAT_VERSION, "count": len(self._documents),
-                "dim": int(self._embeddings.shape[1]) if self._documents else None, "index_type": self.index_type,
+                "dim": int(self._embeddings.shape[1]) if self._documents else None, "index_type": index_type,
                 "metric": "inner_product", "checkpoint": self._checkpoint, "strategy": self._strategy}
 
     def save(self, path: str | None = None) -> Path:
@@ -179,8 +192,9 @@ class FAISSDocumentStore:
         """The FAISS index over the stored embeddings (built on first use after a change)."""
         self._ensure_loaded()
         if self._index is None:
+            count = len(self._embeddings)
             self._index = faiss_index.build_index(self._embeddings, self.index_type, self.hnsw_m,
-                                                  self.ef_construction, self.nlist)
+                                                  self.ef_construction, self.nlist or faiss_index.default_nlist(count))
         faiss_index.configure_search(self._index, self.ef_search, self.nprobe)
         return self._index
 
@@ -200,9 +214,11 @@ class FAISSDocumentStore:
             return index.search(queries, k)
 
     def document_at(self, row: int) -> Document:
+        self._ensure_loaded()
         return self._documents[row]
 
     def embedding_at(self, row: int) -> np.ndarray:
+        self._ensure_loaded()
         return self._embeddings[row]
 
     # ------------------------------------------------------------------ internals
@@ -239,7 +255,9 @@ class FAISSDocumentStore:
             self._documents = [self._documents[row] for row in keep]
             self._embeddings = self._embeddings[keep]
         self._rows = {document.id: row for row, document in enumerate(self._documents)}
-        if self._index is not None and not deleted and len(appended) == len(written) and self.index_type != "ivf":
+        extendable = (self._index is not None and self._index.ntotal > 0
+                      and faiss_index.index_type_of(self._index) in ("flat", "hnsw", "hnsw_mips"))
+        if extendable and not deleted and len(appended) == len(written):
             self._index.add(new_vectors)  # pure append: extend the index instead of rebuilding it
         else:
             self._index = None

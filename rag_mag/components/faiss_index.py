@@ -3,11 +3,13 @@
 An index folder holds four files, written together into a staging folder that is fsynced and then
 replaces the target in one rename (so a crash never leaves half an index; see rag_mag.durable):
 
-* ``index.faiss``: the FAISS index (inner product; absent when the store is empty);
+* ``index.faiss``: the FAISS index (inner product, or for ``hnsw_mips`` an L2 graph over the augmented
+  vectors of rag_mag.components.mips_index; absent when the store is empty);
 * ``ids.json``: the id map, ``ids[row]`` is the Document id of FAISS row ``row``;
 * ``documents.jsonl``: the Documents without embeddings, one JSON object per line, in row order;
-* ``manifest.json``: count, dim, index type, metric, checkpoint fingerprint and strategy, the size and
-  sha256 of every other file, and the sha256 of the id list (the count and order of the ids).
+* ``manifest.json``: count, dim, index type, metric, checkpoint fingerprint and strategy (and for
+  ``hnsw_mips`` the maximum norm M), the size and sha256 of every other file, and the sha256 of the id list
+  (the count and order of the ids).
 
 Reading checks that all four agree, the sizes of all files and the checksums of the two text files
 (cheap: they are small next to the vectors); ``verify_folder`` (``rag-mag index --verify``) also checks
@@ -22,12 +24,14 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rag_mag import durable
+from rag_mag.components.mips_index import MipsHnswIndex
 from rag_mag.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -38,7 +42,10 @@ MANIFEST = "manifest.json"
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.json"
 DOCUMENTS_FILE = "documents.jsonl"
-INDEX_TYPES = ("flat", "hnsw", "ivf")
+INDEX_TYPES = ("flat", "ivf", "hnsw_mips", "hnsw", "auto")
+# "auto" picks by corpus size when the index is built: exact below this many documents, hnsw_mips from it.
+# eval/bench_ann.py: see eval/README.md "Approximate search" for the figures behind the choice.
+AUTO_APPROXIMATE_FROM = 200_000
 
 
 def _faiss():
@@ -73,35 +80,86 @@ def single_thread():
 def check_index_type(index_type: str) -> str:
     if index_type not in INDEX_TYPES:
         raise ValueError(f"unknown index_type {index_type!r}; valid index types are: {', '.join(INDEX_TYPES)} "
-                         "(flat is exact, hnsw and ivf are approximate)")
+                         "(flat is exact; ivf, hnsw_mips and hnsw are approximate; auto picks by corpus size)")
     return index_type
 
 
+def resolve_index_type(index_type: str, count: int) -> str:
+    """The concrete type for ``count`` documents: ``auto`` is flat below AUTO_APPROXIMATE_FROM, else hnsw_mips."""
+    check_index_type(index_type)
+    if index_type != "auto":
+        return index_type
+    return "flat" if count < AUTO_APPROXIMATE_FROM else "hnsw_mips"
+
+
+def default_nlist(count: int) -> int:
+    """IVF cells for ``count`` documents: about 4 sqrt(n), at least 1, and at most n / 39 (FAISS's k-means
+    wants 39 training points per cell)."""
+    return max(1, min(int(4 * count ** 0.5), count // 39))
+
+
 def build_index(embeddings: np.ndarray, index_type: str, hnsw_m: int, ef_construction: int, nlist: int):
-    """A FAISS inner-product index over ``embeddings`` (n, dim), rows numbered 0..n-1."""
-    faiss = _faiss()
+    """An inner-product index over ``embeddings`` (n, dim), rows numbered 0..n-1 (``auto`` resolved first)."""
     count, dim = embeddings.shape
-    if index_type == "flat":
-        index = faiss.IndexFlatIP(dim)
+    return build_index_from_chunks(lambda: iter([embeddings]), count, dim, index_type, hnsw_m, ef_construction,
+                                   nlist)
+
+
+def build_index_from_chunks(chunks: Callable[[], Iterator[np.ndarray]], count: int, dim: int, index_type: str,
+                            hnsw_m: int, ef_construction: int, nlist: int | None, progress: bool = False):
+    """The same index, built from vectors that arrive in row-order chunks (``chunks()`` may be called twice:
+    hnsw_mips needs the largest norm and ivf a training sample before the first vector is added).
+
+    Only the index itself is held in memory, never all vectors a second time."""
+    faiss = _faiss()
+    index_type = resolve_index_type(index_type, count)
+    nlist = nlist or default_nlist(count)
+    if index_type == "flat" or not count:
+        index = faiss.IndexFlatIP(dim)  # an empty store's placeholder too: the first write rebuilds it
     elif index_type == "hnsw":
         index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = ef_construction
+    elif index_type == "hnsw_mips":
+        max_norm = max(float(np.linalg.norm(chunk, axis=1).max()) for chunk in chunks() if len(chunk))
+        index = MipsHnswIndex.empty(dim, max_norm, hnsw_m, ef_construction)
     elif index_type == "ivf":
         if count < nlist:
             raise ConfigError(f"an ivf index with nlist={nlist} needs at least {nlist} documents, got {count}; "
                               "lower nlist or use index_type='flat'")
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.train(embeddings)
-        index.make_direct_map()
+        index.train(_training_sample(chunks(), count, IVF_TRAINING_POINTS_PER_CELL * nlist))
     else:
         check_index_type(index_type)
-    if count:
-        index.add(embeddings)
+    added = chunks()
+    if progress:
+        from tqdm.auto import tqdm
+
+        added = tqdm(added, desc=f"adding to the {index_type} index", unit="chunk")
+    for chunk in added:
+        if len(chunk):
+            index.add(np.ascontiguousarray(chunk, dtype=np.float32))
+    if index_type == "ivf" and count:
+        index.make_direct_map()
     return index
+
+
+IVF_TRAINING_POINTS_PER_CELL = 64  # k-means sample: FAISS warns below 39 points per cell
+
+
+def _training_sample(chunks: Iterator[np.ndarray], count: int, wanted: int) -> np.ndarray:
+    """Every ``count // wanted``-th row (all rows when there are fewer), read chunk by chunk."""
+    stride, picked, seen = max(1, count // wanted), [], 0
+    for chunk in chunks:
+        first = (-seen) % stride  # the first row of this chunk whose global number is a multiple of stride
+        picked.append(np.asarray(chunk[first::stride], np.float32))
+        seen += len(chunk)
+    return np.ascontiguousarray(np.concatenate(picked))
 
 
 def index_type_of(index) -> str:
     faiss = _faiss()
+    if isinstance(index, MipsHnswIndex):
+        return "hnsw_mips"
     if isinstance(index, faiss.IndexHNSWFlat):
         return "hnsw"
     if isinstance(index, faiss.IndexIVFFlat):
@@ -113,7 +171,7 @@ def index_type_of(index) -> str:
 
 def configure_search(index, ef_search: int, nprobe: int) -> None:
     faiss = _faiss()
-    if isinstance(index, faiss.IndexHNSWFlat):
+    if isinstance(index, (faiss.IndexHNSWFlat, MipsHnswIndex)):
         index.hnsw.efSearch = ef_search
     elif isinstance(index, faiss.IndexIVFFlat):
         index.nprobe = nprobe
@@ -122,6 +180,8 @@ def configure_search(index, ef_search: int, nprobe: int) -> None:
 def reconstruct_all(index) -> np.ndarray:
     """The vectors held by an index, in row order: (ntotal, dim) float32."""
     faiss = _faiss()
+    if isinstance(index, MipsHnswIndex):
+        return index.graph.reconstruct_n(0, index.ntotal)[:, :-1].astype(np.float32)
     if isinstance(index, faiss.IndexIVFFlat):
         index.make_direct_map()
     return index.reconstruct_n(0, index.ntotal).astype(np.float32, copy=False)
@@ -136,9 +196,11 @@ def ids_digest(ids: list[str]) -> str:
     return hashlib.sha256(json.dumps(ids, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-def write_folder(target: Path, index, ids: list[str], documents: list[dict[str, Any]],
+def write_folder(target: Path, index, ids: list[str], documents: Iterable[dict[str, Any]],
                  manifest: dict[str, Any]) -> None:
-    """Write the four files into a staging folder, fsync it, then swap it into ``target``."""
+    """Write the four files into a staging folder, fsync it, then swap it into ``target``.
+
+    ``documents`` may be a generator (rag_mag.serving.indexing streams them from the corpus)."""
     if target.exists() and not (target.is_dir() and (is_index_folder(target) or not any(target.iterdir()))):
         raise CheckpointError(f"{target} exists and is not a rag-mag index folder; refusing to overwrite it. "
                               "Choose an empty or new folder")
@@ -146,7 +208,10 @@ def write_folder(target: Path, index, ids: list[str], documents: list[dict[str, 
     staging = durable.staging_dir(target)
     try:
         durable.fault_point("index:staging")
-        if index is not None:
+        if isinstance(index, MipsHnswIndex):
+            _faiss().write_index(index.graph, str(staging / INDEX_FILE))
+            manifest = {**manifest, "mips_max_norm": index.max_norm}
+        elif index is not None:
             _faiss().write_index(index, str(staging / INDEX_FILE))
         durable.fault_point("index:faiss")
         (staging / IDS_FILE).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
@@ -234,6 +299,8 @@ def read_folder(folder: Path, full: bool = False) -> tuple[Any, list[str], list[
             index = _faiss().read_index(str(index_file))
         except RuntimeError as error:
             raise CheckpointError(f"corrupt FAISS index {index_file}: {str(error).splitlines()[0]}; {fix}") from None
+        if manifest.get("index_type") == "hnsw_mips":
+            index = _restore_mips(index, manifest, dim, index_file, fix)
     problems = []
     if not isinstance(ids, list) or len(ids) != count:
         problems.append(f"{IDS_FILE} holds {len(ids) if isinstance(ids, list) else 'no list of'} ids")
@@ -244,8 +311,10 @@ def read_folder(folder: Path, full: bool = False) -> tuple[Any, list[str], list[
             problems.append(f"{INDEX_FILE} holds {index.ntotal} vectors")
         if index.d != dim:
             problems.append(f"{INDEX_FILE} has dimension {index.d} but the manifest says {dim}")
-        if index.metric_type != _faiss().METRIC_INNER_PRODUCT:
-            problems.append(f"{INDEX_FILE} does not use inner product")
+        metric = index.graph.metric_type if isinstance(index, MipsHnswIndex) else index.metric_type
+        wanted = _faiss().METRIC_L2 if isinstance(index, MipsHnswIndex) else _faiss().METRIC_INNER_PRODUCT
+        if metric != wanted:
+            problems.append(f"{INDEX_FILE} does not use the metric of a {manifest.get('index_type')} index")
         if index_type_of(index) != manifest.get("index_type"):
             problems.append(f"{INDEX_FILE} is a {index_type_of(index)} index, the manifest says "
                             f"{manifest.get('index_type')}")
@@ -263,6 +332,17 @@ def read_folder(folder: Path, full: bool = False) -> tuple[Any, list[str], list[
         logger.warning("index %s has no checksums (written by an older rag-mag); rebuild it to have it verified",
                        folder)
     return index, ids, documents, manifest
+
+
+def _restore_mips(graph, manifest: dict[str, Any], dim: int, index_file: Path, fix: str) -> MipsHnswIndex:
+    if not isinstance(graph, _faiss().IndexHNSWFlat) or graph.d != dim + 1:
+        raise CheckpointError(f"{index_file} is not the HNSW graph over {dim}+1-dimensional vectors that a "
+                              f"hnsw_mips index holds; {fix}")
+    max_norm = manifest.get("mips_max_norm")
+    if not isinstance(max_norm, (int, float)) or not max_norm > 0:
+        raise CheckpointError(f"the manifest of {index_file.parent} has no valid mips_max_norm; {fix}")
+    vectors = graph.reconstruct_n(0, graph.ntotal)[:, :-1]
+    return MipsHnswIndex.restore(graph, float(max_norm), vectors)
 
 
 def verify_folder(folder: Path) -> dict[str, Any]:

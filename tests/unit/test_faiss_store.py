@@ -287,7 +287,8 @@ def test_failed_save_leaves_the_old_index_intact(checkpoints, tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["index"]  # no staging folder left behind
 
 
-@pytest.mark.parametrize("index_type, extra", [("hnsw", {"ef_search": 64}), ("ivf", {"nlist": 4, "nprobe": 4})])
+@pytest.mark.parametrize("index_type, extra", [("hnsw", {"ef_search": 64}), ("ivf", {"nlist": 4, "nprobe": 4}),
+                                               ("hnsw_mips", {"ef_search": 64})])
 def test_approximate_indexes_persist_and_search(checkpoints, tmp_path, index_type, extra):
     """With nprobe = nlist (IVF) or a small set (HNSW), the approximate index finds the exact top-5."""
     documents = make_documents(60)
@@ -313,3 +314,24 @@ def test_store_serialization_round_trip(tmp_path):
     data["init_parameters"]["document_store"]["type"] = "haystack.document_stores.in_memory.InMemoryDocumentStore"
     with pytest.raises(ValueError, match="FAISSDocumentStore"):
         FAISSEmbeddingRetriever.from_dict(data)
+
+
+def test_auto_index_type_is_exact_below_the_threshold_and_records_what_it_built(checkpoints, tmp_path):
+    from rag_mag.components import faiss_index
+
+    store, _ = embed_store(checkpoints["qnorm"], make_documents(12), tmp_path / "auto", index_type="auto")
+    assert store.manifest["index_type"] == "flat"
+    assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["index_type"] == "flat"
+    assert FAISSDocumentStore(path=str(tmp_path / "auto"), index_type="auto").count_documents() == 12
+    assert faiss_index.resolve_index_type("auto", faiss_index.AUTO_APPROXIMATE_FROM) == "hnsw_mips"
+    assert faiss_index.default_nlist(1_000_000) == 4000 and faiss_index.default_nlist(10) == 1
+
+
+def test_hnsw_mips_folder_with_a_bad_max_norm_is_refused(checkpoints, tmp_path):
+    folder = tmp_path / "mips"
+    embed_store(checkpoints["qnorm"], make_documents(20), folder, index_type="hnsw_mips")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["mips_max_norm"] > 0
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "mips_max_norm": -1}))
+    with pytest.raises(CheckpointError, match="mips_max_norm"):
+        FAISSDocumentStore(path=str(folder), index_type="hnsw_mips").count_documents()
