@@ -75,6 +75,19 @@ class IndexJob:
             raise ConfigError(f"nlist must be a positive integer, got {self.nlist!r}")
 
 
+def release_free_memory() -> None:
+    """Give freed heap back to the system (glibc's malloc_trim; a no-op elsewhere).
+
+    Without it the process's resident memory crept up by about 15 MB per 1,000 passages over a 33k-passage
+    corpus (freed activation buffers of ever-new sizes kept by the allocator), as if it held the vectors."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def parse_shard(text: str | None, environ: dict[str, str] | None = None) -> tuple[int, int]:
     """``"K/N"`` -> (K, N) with 0 <= K < N; without it, RANK/WORLD_SIZE (torchrun), else (0, 1)."""
     environ = os.environ if environ is None else environ
@@ -200,6 +213,7 @@ class ShardedIndexer:
             durable.write_text(folder / PROGRESS_FILE, json.dumps({"rows_done": chunk_start - start + len(texts)}))
             durable.fault_point("index:chunk")
             encoded += len(texts)
+            release_free_memory()
             if bar is not None:
                 bar.update(len(texts))
         if bar is not None:
