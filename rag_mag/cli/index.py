@@ -42,9 +42,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE,
                         help="passages per chunk: the unit of progress that a rerun does not repeat")
     parser.add_argument("--index-type", choices=INDEX_TYPES, default="flat",
-                        help="flat is exact; hnsw_mips (graph search over the MIPS-to-L2 reduction), ivf and hnsw "
-                             f"(on raw inner product) are approximate; auto: flat below {AUTO_APPROXIMATE_FROM:,} "
-                             "passages, hnsw_mips from there (eval/README.md, 'Approximate search')")
+                        help="flat is exact; hnsw (graph search on inner product), ivf and hnsw_mips (graph "
+                             "search over the MIPS-to-L2 reduction) are approximate; auto: flat below "
+                             f"{AUTO_APPROXIMATE_FROM:,} passages, hnsw from there (eval/README.md, 'Approximate "
+                             "search')")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                         help="encoding precision: auto uses bf16 only where the CPU/GPU computes it natively")
     parser.add_argument("--shard", metavar="K/N",

@@ -43,8 +43,9 @@ INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.json"
 DOCUMENTS_FILE = "documents.jsonl"
 INDEX_TYPES = ("flat", "ivf", "hnsw_mips", "hnsw", "auto")
-# "auto" picks by corpus size when the index is built: exact below this many documents, hnsw_mips from it.
-# eval/bench_ann.py: see eval/README.md "Approximate search" for the figures behind the choice.
+# "auto" picks by corpus size when the index is built: exact below this many documents, HNSW on inner
+# product from it, the approximate type that kept recall best on cosine and qnorm vectors alike
+# (eval/bench_ann.py; eval/README.md, "Approximate search").
 AUTO_APPROXIMATE_FROM = 200_000
 
 
@@ -85,11 +86,11 @@ def check_index_type(index_type: str) -> str:
 
 
 def resolve_index_type(index_type: str, count: int) -> str:
-    """The concrete type for ``count`` documents: ``auto`` is flat below AUTO_APPROXIMATE_FROM, else hnsw_mips."""
+    """The concrete type for ``count`` documents: ``auto`` is flat below AUTO_APPROXIMATE_FROM, else hnsw."""
     check_index_type(index_type)
     if index_type != "auto":
         return index_type
-    return "flat" if count < AUTO_APPROXIMATE_FROM else "hnsw_mips"
+    return "flat" if count < AUTO_APPROXIMATE_FROM else "hnsw"
 
 
 def default_nlist(count: int) -> int:

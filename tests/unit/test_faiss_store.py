@@ -323,7 +323,7 @@ def test_auto_index_type_is_exact_below_the_threshold_and_records_what_it_built(
     assert store.manifest["index_type"] == "flat"
     assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["index_type"] == "flat"
     assert FAISSDocumentStore(path=str(tmp_path / "auto"), index_type="auto").count_documents() == 12
-    assert faiss_index.resolve_index_type("auto", faiss_index.AUTO_APPROXIMATE_FROM) == "hnsw_mips"
+    assert faiss_index.resolve_index_type("auto", faiss_index.AUTO_APPROXIMATE_FROM) == "hnsw"
     assert faiss_index.default_nlist(1_000_000) == 4000 and faiss_index.default_nlist(10) == 1
 
 
