@@ -41,3 +41,19 @@ def tiny_encoder(folder: Path, strategy: str = "cosine", seed: int = 0, hidden_s
                                    document_max_length=48, query_degree=query_degree,
                                    document_degree=document_degree)
     return MagnitudeEncoder(model, tokenizer, encoder_config)
+
+
+TOPICS = [("paris", "france"), ("london", "england"), ("berlin", "germany"), ("rome", "italy")]
+
+
+def capital_triples() -> list[dict]:
+    """24 training triples the tiny BERT can learn: "capital of COUNTRY" -> "CITY is the capital of COUNTRY",
+    with the next topic's city as the hard negative."""
+    rows = []
+    for i, (city, country) in enumerate(TOPICS * 6):
+        other_city, other_country = TOPICS[(i + 1) % len(TOPICS)]
+        rows.append({"id": f"q{i}", "query": f"what is the capital of {country} {i % 6}",
+                     "positives": [{"id": f"p{i}", "title": city, "text": f"{city} is the capital of {country}"}],
+                     "hard_negatives": [{"id": f"n{i}", "title": other_city,
+                                         "text": f"{other_city} is a city in {other_country}"}]})
+    return rows

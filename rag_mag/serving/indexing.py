@@ -294,24 +294,22 @@ class ShardedIndexer:
 
     def _stored_chunks(self, plan: dict[str, Any]) -> Iterator[np.ndarray]:
         """Every shard's vectors in row order, ``chunk_size`` rows at a time (plain reads: nothing stays mapped)."""
-        for shard in range(self.shards):
-            start, stop = shard_rows(plan["count"], shard, self.shards)
-            if stop == start:
-                continue
-            with open(self.shard_dir(shard) / VECTORS_FILE, "rb") as handle:
-                for first in range(0, stop - start, plan["chunk_size"]):
-                    rows = min(plan["chunk_size"], stop - start - first)
-                    yield np.fromfile(handle, dtype=np.float32, count=rows * plan["dim"]).reshape(rows, plan["dim"])
+        return self._stored(plan, VECTORS_FILE, plan["dim"])
 
     def _stored_norms(self, plan: dict[str, Any]) -> Iterator[float]:
+        for norms in self._stored(plan, NORMS_FILE, 1):
+            yield from norms[:, 0].tolist()
+
+    def _stored(self, plan: dict[str, Any], name: str, width: int) -> Iterator[np.ndarray]:
+        """File ``name`` of every shard, (rows, width) float32, ``chunk_size`` rows at a time, in row order."""
         for shard in range(self.shards):
             start, stop = shard_rows(plan["count"], shard, self.shards)
             if stop == start:
                 continue
-            with open(self.shard_dir(shard) / NORMS_FILE, "rb") as handle:
+            with open(self.shard_dir(shard) / name, "rb") as handle:
                 for first in range(0, stop - start, plan["chunk_size"]):
                     rows = min(plan["chunk_size"], stop - start - first)
-                    yield from np.fromfile(handle, dtype=np.float32, count=rows).tolist()
+                    yield np.fromfile(handle, dtype=np.float32, count=rows * width).reshape(rows, width)
 
     def _records(self, plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """documents.jsonl's records, as FAISSDocumentStore writes them, streamed from the corpus."""

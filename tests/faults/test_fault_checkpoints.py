@@ -24,11 +24,10 @@ from rag_mag.models import REPO_ROOT
 from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.trainer import Trainer
-from tests.tiny import tiny_encoder
+from tests.tiny import capital_triples, tiny_encoder
 
 pytestmark = pytest.mark.faults
 
-TOPICS = [("paris", "france"), ("london", "england"), ("berlin", "germany"), ("rome", "italy")]
 SETTINGS = dict(steps=8, batch_size=8, learning_rate=1e-3, eval_every=0, log_every=1, save_every=4,
                 val_fraction=0.0, warmup_ratio=0.0, calibration_samples=8,
                 precision="fp32")  # exact replay: bf16 kernels differ between thread counts
@@ -37,21 +36,12 @@ PHASES = ["checkpoint:staging", "checkpoint:model", "checkpoint:optimizer", "che
           "checkpoint:swapped", "checkpoint:done", "checkpoint:moved-aside"]
 
 
-def triples() -> list[dict]:
-    rows = []
-    for i, (city, country) in enumerate(TOPICS * 6):
-        other_city, other_country = TOPICS[(i + 1) % len(TOPICS)]
-        rows.append({"id": f"q{i}", "query": f"what is the capital of {country} {i % 6}",
-                     "positives": [{"id": f"p{i}", "title": city, "text": f"{city} is the capital of {country}"}],
-                     "hard_negatives": [{"id": f"n{i}", "title": other_city,
-                                         "text": f"{other_city} is a city in {other_country}"}]})
-    return rows
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("checkpoint-faults")
-    write_jsonl(root / "train.jsonl", triples())
+    write_jsonl(root / "train.jsonl", capital_triples())
     return root
 
 

@@ -21,6 +21,7 @@ from rag_mag.data import Context, EvalRecord, Passage
 from rag_mag.errors import ConfigError
 from rag_mag.serving.pipelines import PIPELINES_DIR
 from tests.tiny import tiny_encoder
+from tests.unit.test_pipelines import ScriptedChat
 
 CORPUS = [Passage("p0", "Paris", "paris is the capital city of france"),
           Passage("p1", "Berlin", "berlin is the capital of germany"),
@@ -45,21 +46,6 @@ def answer_dataset() -> EvalDataset:
 
 def config(**values) -> BenchConfig:
     return BenchConfig(**{"datasets": ["toy=a.jsonl", "open=b.jsonl"], **values})
-
-
-@component
-class ScriptedChat:
-    """Replies with fixed texts in turn and records the prompts it was given (thread-safe enough: one call at a
-    time in these tests, concurrency=1)."""
-
-    def __init__(self, *texts: str) -> None:
-        self.texts = list(texts)
-        self.prompts: list[str] = []
-
-    @component.output_types(replies=list[ChatMessage])
-    def run(self, messages: list[ChatMessage]) -> dict:
-        self.prompts.append("\n".join(m.text or "" for m in messages))
-        return {"replies": [ChatMessage.from_assistant(self.texts[min(len(self.prompts), len(self.texts)) - 1])]}
 
 
 @component

@@ -11,25 +11,12 @@ from rag_mag.retriever import trainer as trainer_module
 from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.trainer import Trainer
-from tests.tiny import tiny_encoder
-
-TOPICS = [("paris", "france"), ("london", "england"), ("berlin", "germany"), ("rome", "italy")]
-
-
-def triples():
-    rows = []
-    for i, (city, country) in enumerate(TOPICS * 6):
-        other_city, other_country = TOPICS[(i + 1) % len(TOPICS)]
-        rows.append({"id": f"q{i}", "query": f"what is the capital of {country} {i % 6}",
-                     "positives": [{"id": f"p{i}", "title": city, "text": f"{city} is the capital of {country}"}],
-                     "hard_negatives": [{"id": f"n{i}", "title": other_city,
-                                         "text": f"{other_city} is a city in {other_country}"}]})
-    return rows
+from tests.tiny import capital_triples, tiny_encoder
 
 
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
-    write_jsonl(tmp_path / "train.jsonl", triples())
+    write_jsonl(tmp_path / "train.jsonl", capital_triples())
     # Trainer.build would load the packaged MiniLM: hand it the tiny random BERT instead.
     monkeypatch.setattr(MagnitudeEncoder, "build",
                         classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tmp_path / "tok", strategy)))
