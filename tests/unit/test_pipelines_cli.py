@@ -40,11 +40,14 @@ def test_index_writes_an_index_and_refuses_to_clobber(setup, capsys):
             "--batch-size", "2"]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["documents_written"] == 5 and summary["count"] == 5 and summary["strategy"] == "dnorm"
-    assert summary["index_type"] == "flat" and summary["dim"] == 32
+    assert summary["encoding"]["encoded_now"] == 5 and summary["count"] == 5 and summary["strategy"] == "dnorm"
+    assert summary["index_type"] == "flat" and summary["dim"] == 32 and summary["merged"]
     assert main(args) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert main(args + ["--overwrite", "--set", "reader.limit=3"]) == 0
+    smaller = setup["root"] / "smaller.jsonl"
+    smaller.write_text("".join(setup["corpus"].read_text().splitlines(keepends=True)[:3]))
+    assert main(["index", "--retriever", str(setup["checkpoint"]), "--corpus", str(smaller), "--out", str(out),
+                 "--overwrite"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == 3
     foreign = setup["root"] / "foreign"
     foreign.mkdir()
