@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
-
-from rag_mag.errors import ConfigError
-
-logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -71,10 +66,6 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         print(json.dumps(verify_folder(Path(args.verify)), indent=2))
         return 0
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.chunk_size < 1:
-        raise ConfigError(f"--chunk-size must be at least 1, got {args.chunk_size}")
     job = IndexJob(corpus=Path(args.corpus), retriever=Path(args.retriever), out=Path(args.out),
                    index_type=args.index_type, chunk_size=args.chunk_size, batch_size=args.batch_size,
                    precision=args.precision)

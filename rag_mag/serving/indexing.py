@@ -70,7 +70,7 @@ class IndexJob:
         for name in ("chunk_size", "batch_size", "hnsw_m", "ef_construction"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.nlist is not None and (not isinstance(self.nlist, int) or self.nlist < 1):
             raise ConfigError(f"nlist must be a positive integer, got {self.nlist!r}")
 
@@ -260,8 +260,12 @@ class ShardedIndexer:
     # ------------------------------------------------------------------ merging
     def missing_shards(self, plan: dict[str, Any]) -> list[int]:
         """The shards whose rows are not all encoded yet."""
-        return [k for k in range(self.shards)
-                if self.rows_done(k) != (lambda rows: rows[1] - rows[0])(shard_rows(plan["count"], k, self.shards))]
+        missing = []
+        for shard in range(self.shards):
+            start, stop = shard_rows(plan["count"], shard, self.shards)
+            if self.rows_done(shard) != stop - start:
+                missing.append(shard)
+        return missing
 
     def merge(self, plan: dict[str, Any], overwrite: bool, keep_work: bool = False,
               progress: bool = True) -> dict[str, Any] | None:
