@@ -14,8 +14,8 @@ from rag_mag.errors import CheckpointError
 from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.trainer import Trainer
-from tests.faults.test_fault_checkpoints import SETTINGS, triples
-from tests.tiny import tiny_encoder
+from tests.faults.test_fault_checkpoints import SETTINGS
+from tests.tiny import capital_triples, tiny_encoder
 
 pytestmark = pytest.mark.faults
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.faults
 def finished(tmp_path_factory) -> Path:
     """A finished 4-step run (last/ at step 4) that each case copies."""
     root = tmp_path_factory.mktemp("settings-faults")
-    write_jsonl(root / "train.jsonl", triples())
+    write_jsonl(root / "train.jsonl", capital_triples())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(MagnitudeEncoder, "build", classmethod(
             lambda cls, base, strategy, *a, **k: tiny_encoder(root / "tok", strategy)))
@@ -48,7 +48,7 @@ def run_copy(finished, tmp_path, monkeypatch):
 
 
 def other_data(path: Path) -> str:
-    rows = triples()
+    rows = capital_triples()
     rows[0]["query"] = "a different question"
     write_jsonl(path, rows)
     return str(path)
