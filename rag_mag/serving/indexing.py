@@ -61,8 +61,8 @@ class IndexJob:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     batch_size: int = 32
     precision: str = "auto"
-    hnsw_m: int = 32
-    ef_construction: int = 200
+    hnsw_m: int = faiss_index.HNSW_M
+    ef_construction: int = faiss_index.EF_CONSTRUCTION
     nlist: int | None = None
 
     def __post_init__(self) -> None:
