@@ -13,7 +13,8 @@ document side of its strategy (qnorm keeps raw magnitude). Beyond them, vectors 
 real ones: each takes a random real vector as parent, moves its direction by Gaussian noise shaped like the
 real directions' covariance (scaled so that a synthetic vector is as close to its parent as a real vector
 is to its nearest real neighbour, by median cosine), and takes the parent's norm times a log-normal
-factor (sigma 0.05), so the norm distribution and its tie to direction are kept. ``--norm-spread S`` is
+factor (sigma 0.05; none where the real vectors are unit, as cosine's are), so the norm distribution and
+its tie to direction are kept. ``--norm-spread S`` is
 a stress case: every vector is then multiplied by exp(N(0, S)), for a model whose norms vary far more
 than the retriever's own (rows carry ``norm_spread`` and the measured ``norm_cv``). Queries are real:
 ``--queries`` training questions (never evaluation questions), encoded on the query side.
@@ -42,7 +43,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from rag_mag import durable  # noqa: E402
-from rag_mag.components.faiss_index import build_index, configure_search, default_nlist  # noqa: E402
+from rag_mag.bench.config import fingerprint  # noqa: E402
+from rag_mag.components.faiss_index import (  # noqa: E402
+    EF_CONSTRUCTION,
+    HNSW_M,
+    build_index,
+    configure_search,
+    default_nlist,
+)
 
 CORPUS = REPO_ROOT.parent / "shared" / "data" / "wiki_pool" / "wiki_pool_corpus.jsonl.gz"
 QUESTIONS = REPO_ROOT / "artifacts" / "train_data" / "default" / "train.jsonl"
@@ -83,6 +91,7 @@ def synthesize(real: np.ndarray, count: int, seed: int) -> np.ndarray:
     """``count`` vectors sampled to match ``real`` (see the module doc), in chunks to bound memory."""
     rng = np.random.default_rng(seed)
     norms = np.linalg.norm(real, axis=1)
+    unit_norm = bool(np.allclose(norms, 1.0, atol=1e-3))  # cosine: synthetic vectors stay unit
     directions = real / norms[:, None]
     sample = directions[rng.choice(len(real), min(2000, len(real)), replace=False)]
     similarity = sample @ directions.T
@@ -110,7 +119,7 @@ def synthesize(real: np.ndarray, count: int, seed: int) -> np.ndarray:
     for start in range(0, count, 100_000):
         stop = min(count, start + 100_000)
         parents = rng.integers(0, len(real), stop - start)
-        factor = np.exp(rng.normal(0.0, 0.05, stop - start))
+        factor = np.ones(stop - start) if unit_norm else np.exp(rng.normal(0.0, 0.05, stop - start))
         out[start:stop] = moved(parents, epsilon, noise(stop - start)) * (norms[parents] * factor)[:, None]
     return out
 
@@ -197,6 +206,38 @@ def cell(strategy: str, n: int, documents: np.ndarray, queries: np.ndarray, args
     return rows
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """The results as one table: a row per index and search setting, a column per (strategy, n, norm spread);
+    each cell is recall@10 / batched speed-up / one-query-per-call speed-up against exact."""
+    columns = sorted({(r["strategy"], r["n"], r.get("norm_spread", 0.0)) for r in rows})
+    settings = []
+    for row in rows:
+        setting = (row["index_type"], json.dumps({k: v for k, v in row["params"].items()
+                                                  if k in ("ef_search", "nprobe")}))
+        if setting not in settings:
+            settings.append(setting)
+    order = {"flat": 0, "hnsw": 1, "hnsw_mips": 2, "ivf": 3}
+    settings.sort(key=lambda s: (order.get(s[0], 9), list(json.loads(s[1]).values())))
+    names = [(f"{s} {n / 1e6:g}M" if n >= 1_000_000 else f"{s} {n // 1000:,}k") + (f" spread {x:g}" if x else "")
+             for s, n, x in columns]
+    lines = ["| index, setting | " + " | ".join(names) + " |", "|---" * (len(columns) + 1) + "|"]
+    by_key = {(r["strategy"], r["n"], r.get("norm_spread", 0.0), r["index_type"],
+               json.dumps({k: v for k, v in r["params"].items() if k in ("ef_search", "nprobe")})): r for r in rows}
+    for index_type, params in settings:
+        label = index_type + "".join(f" {k} {v}" for k, v in json.loads(params).items())
+        cells = []
+        for column in columns:
+            row = by_key.get((*column, index_type, params))
+            if row is None:
+                cells.append("")
+            elif index_type == "flat":
+                cells.append(f"{row['qps']:,.0f} / {row['qps_single']:,.0f} q/s")
+            else:
+                cells.append(f"{row['recall@10']:.3f} / {row['speedup_vs_exact']:g}x / {row['speedup_single']:g}x")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -207,10 +248,10 @@ def main() -> None:
     parser.add_argument("--questions", type=Path, default=QUESTIONS, help="training questions ({query}) for queries")
     parser.add_argument("--real", type=int, default=10_000, help="real passages encoded; the rest is sampled")
     parser.add_argument("--queries", type=int, default=1000)
-    parser.add_argument("--ef", type=int, nargs="+", default=[32, 64, 128, 256])
-    parser.add_argument("--nprobe", type=int, nargs="+", default=[8, 16, 32, 64])
-    parser.add_argument("--hnsw-m", type=int, default=32)
-    parser.add_argument("--ef-construction", type=int, default=100)
+    parser.add_argument("--ef", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024])
+    parser.add_argument("--nprobe", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
+    parser.add_argument("--hnsw-m", type=int, default=HNSW_M, help="default: the store's")
+    parser.add_argument("--ef-construction", type=int, default=EF_CONSTRUCTION, help="default: the store's")
     parser.add_argument("--single-queries", type=int, default=200,
                         help="queries searched one per call for qps_single (the serving pattern)")
     parser.add_argument("--threads", type=int, default=2)
@@ -220,14 +261,19 @@ def main() -> None:
                         help="stress case: multiply every vector by exp(N(0, S)), so norms vary far more than the "
                              "retriever's own (0: as encoded)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--table", action="store_true", help="print --out as a markdown table and exit")
     args = parser.parse_args()
     results = json.loads(args.out.read_text()) if args.out.is_file() else []
+    if args.table:
+        print(markdown_table(results))
+        return
     for strategy in args.strategies:
         retriever = getattr(args, f"retriever_{strategy}")
         documents, queries = encoded(strategy, retriever, args)
         for n in args.sizes:
-            cached = CACHE / (f"cell2-{strategy}-{n}-{args.real}-{args.queries}-{args.seed}-{args.single_queries}"
-                              f"-{args.norm_spread:g}.json")
+            plan = fingerprint(args.real, args.queries, args.seed, args.single_queries, args.norm_spread, args.ef,
+                               args.nprobe, args.hnsw_m, args.ef_construction, args.threads)
+            cached = CACHE / f"cell-{strategy}-{n}-{plan}.json"
             if cached.is_file():
                 rows = json.loads(cached.read_text())
                 print(f"[{strategy} n={n:,}] cached: {cached}")
