@@ -21,7 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from rag_mag import durable
+
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "sample" / "train_triples.jsonl"
+RESULTS = Path(__file__).resolve().parents[1] / "eval" / "reports" / "distributed" / "results.json"
 
 
 def child(args: argparse.Namespace) -> None:
@@ -67,6 +70,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="queries per process per step")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the rows are written (JSON)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -86,7 +90,11 @@ def main() -> None:
     for row in rows[1:]:
         print(f"{row['processes']} processes / {rows[0]['processes']}: "
               f"{row['pairs_per_second'] / rows[0]['pairs_per_second']:.2f}x pairs/s")
-    print(json.dumps(rows))
+    settings = {"strategy": args.strategy, "batch_size": args.batch_size, "threads": args.threads,
+                "precision": args.precision, "steps": args.steps, "warmup": args.warmup, "cpus": os.cpu_count(),
+                "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+    durable.write_text(args.results, json.dumps({"settings": settings, "rows": rows}, indent=1))
+    print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":
