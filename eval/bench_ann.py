@@ -167,7 +167,7 @@ def cell(strategy: str, n: int, documents: np.ndarray, queries: np.ndarray, args
     norm_cv = round(float(norms.std() / norms.mean()), 3)
     print(f"[{strategy} n={n:,}] norm mean {norms.mean():.3f} cv {norm_cv}", flush=True)
     started = time.perf_counter()
-    exact = build_index(vectors, "flat", 32, 200, 1)
+    exact = build_index(vectors, "flat", args.hnsw_m, args.ef_construction, 1)
     build_exact = time.perf_counter() - started
     exact_qps, truth = timed_search(exact, queries, 10, args.repeats)
     single = queries[: args.single_queries]
@@ -178,14 +178,14 @@ def cell(strategy: str, n: int, documents: np.ndarray, queries: np.ndarray, args
                  "norm_spread": args.norm_spread, "norm_cv": norm_cv})
     del exact
     nlist = default_nlist(n)
-    plans = [("hnsw", {"ef_search": ef}) for ef in args.ef] + [("hnsw_mips", {"ef_search": ef}) for ef in args.ef] \
-        + [("ivf", {"nprobe": probe}) for probe in args.nprobe]
-    for index_type in ("hnsw", "hnsw_mips", "ivf"):
+    searches = {"hnsw": [{"ef_search": ef} for ef in args.ef], "hnsw_mips": [{"ef_search": ef} for ef in args.ef],
+                "ivf": [{"nprobe": probe} for probe in args.nprobe]}
+    for index_type, settings in searches.items():
         started = time.perf_counter()
         index = build_index(vectors, index_type, args.hnsw_m, args.ef_construction, nlist)
         build_s = time.perf_counter() - started
         memory = index_megabytes(index)
-        for _, params in [plan for plan in plans if plan[0] == index_type]:
+        for params in settings:
             configure_search(index, params.get("ef_search", 16), params.get("nprobe", 1))
             qps, found = timed_search(index, queries, 10, args.repeats)
             qps_single = single_query_qps(index, single, 10)
@@ -209,20 +209,17 @@ def cell(strategy: str, n: int, documents: np.ndarray, queries: np.ndarray, args
 def markdown_table(rows: list[dict]) -> str:
     """The results as one table: a row per index and search setting, a column per (strategy, n, norm spread);
     each cell is recall@10 / batched speed-up / one-query-per-call speed-up against exact."""
+    def search_setting(row: dict) -> tuple[str, str]:
+        return row["index_type"], json.dumps({k: v for k, v in row["params"].items() if k in ("ef_search", "nprobe")})
+
     columns = sorted({(r["strategy"], r["n"], r.get("norm_spread", 0.0)) for r in rows})
-    settings = []
-    for row in rows:
-        setting = (row["index_type"], json.dumps({k: v for k, v in row["params"].items()
-                                                  if k in ("ef_search", "nprobe")}))
-        if setting not in settings:
-            settings.append(setting)
+    settings = list(dict.fromkeys(search_setting(row) for row in rows))
     order = {"flat": 0, "hnsw": 1, "hnsw_mips": 2, "ivf": 3}
     settings.sort(key=lambda s: (order.get(s[0], 9), list(json.loads(s[1]).values())))
     names = [(f"{s} {n / 1e6:g}M" if n >= 1_000_000 else f"{s} {n // 1000:,}k") + (f" spread {x:g}" if x else "")
              for s, n, x in columns]
     lines = ["| index, setting | " + " | ".join(names) + " |", "|---" * (len(columns) + 1) + "|"]
-    by_key = {(r["strategy"], r["n"], r.get("norm_spread", 0.0), r["index_type"],
-               json.dumps({k: v for k, v in r["params"].items() if k in ("ef_search", "nprobe")})): r for r in rows}
+    by_key = {(r["strategy"], r["n"], r.get("norm_spread", 0.0), *search_setting(r)): r for r in rows}
     for index_type, params in settings:
         label = index_type + "".join(f" {k} {v}" for k, v in json.loads(params).items())
         cells = []

@@ -36,8 +36,6 @@ PHASES = ["checkpoint:staging", "checkpoint:model", "checkpoint:optimizer", "che
           "checkpoint:swapped", "checkpoint:done", "checkpoint:moved-aside"]
 
 
-
-
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("checkpoint-faults")
