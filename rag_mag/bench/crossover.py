@@ -194,8 +194,10 @@ class CrossoverRunner:
         values.setdefault("eval_every", max(1, min(100, spec.steps)))  # best/ is the best validation checkpoint
         return make_config(TrainConfig, values, source=f"crossover run {spec.label}")
 
-    def run(self, time_budget_s: float = 0.0, poll_s: float = 30.0) -> dict:
+    def run(self, time_budget_s: float = 0.0, poll_s: float = 30.0, only: list[str] | None = None) -> dict:
         """Train every unfinished run (resuming where a run was interrupted); return ``collect()``.
+
+        ``only``: train just the runs with these labels (e.g. ``main_dot_s0_400``), in the config's order.
 
         Several processes may run the same config at once (``rag-mag crossover --workers N``): each claims a
         run with a lock before training it, and runs that wait for the tuning runs or for another worker are
@@ -206,9 +208,17 @@ class CrossoverRunner:
         validation = read_triples(self.config.val_data)[:300]
         self.cells_dir.mkdir(parents=True, exist_ok=True)
         specs = self.config.run_specs()
+        chosen = specs
+        if only:
+            labels = [spec.label for spec in specs]
+            unknown = [label for label in only if label not in labels]
+            if unknown:
+                raise ConfigError(f"--only: no run labelled {', '.join(unknown)} in this config; its runs are: "
+                                  + ", ".join(labels))
+            chosen = [spec for spec in specs if spec.label in only]
         while True:
             waiting, trained = 0, False
-            for spec in specs:
+            for spec in chosen:
                 if spec.group != "tuning" and self.config.tuned:
                     tuned = self._with_tuned(spec, specs)
                     if tuned is None:  # its tuning runs are not finished yet

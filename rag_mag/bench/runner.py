@@ -8,6 +8,12 @@ stopped. A cell whose generations keep failing is reported and skipped; the run 
 retrievers are cached under ``artifacts/bench/retrievers/<key>`` (the key hashes the training config
 and the data), indexes under ``artifacts/bench/indexes/<key>``, and pipeline results per question in
 ``<report>/cache/``.
+
+A dense cell's key names its retriever by content (``checkpoint_digest``), not by path, and
+``<report>/retrievers.json`` records each configured retriever's digest and training log. So a report
+can be completed across machines: a retriever of ``retrievers:`` that is no longer on this machine still
+counts with the cells it scored before (and its recorded training curve), and only a cell it never scored
+fails, with a message saying so.
 """
 
 from __future__ import annotations
@@ -49,10 +55,16 @@ class System:
     name: str  # a strategy name, or a baseline name
     seed: int
     checkpoint: Path | None  # dense systems only
+    digest: str | None = None  # the checkpoint's content identity (dense systems only)
 
     @property
     def label(self) -> str:
         return f"{self.name}__s{self.seed}"
+
+    @property
+    def missing(self) -> bool:
+        """A configured retriever that is not on this machine (only its recorded cells can count)."""
+        return self.checkpoint is not None and not self.checkpoint.exists()
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,9 @@ class BenchRunner:
         self.command = command
         self.out = config.out_dir()
         self.cells_dir = self.out / "cells"
+        self.records_path = self.out / "retrievers.json"
         self.root = data_root(config.data_root)
+        self.records: dict[str, dict] = {}  # configured retriever path -> digest, strategy, training log
 
     # ------------------------------------------------------------------ preparation
     def load_datasets(self) -> dict[str, EvalDataset]:
@@ -144,6 +158,7 @@ class BenchRunner:
         return target
 
     def train_systems(self, train_file: Path) -> list[System]:
+        from rag_mag.retriever.encoder import checkpoint_digest
         from rag_mag.retriever.trainer import Trainer
 
         systems = []
@@ -163,16 +178,32 @@ class BenchRunner:
                     durable.write_text(folder / "done.json", json.dumps({
                         "best_validation": result.best_metrics, "steps": result.step,
                         "seconds": round(time.perf_counter() - started, 1)}, indent=2))
-                systems.append(System(strategy, seed, folder / "best"))
+                systems.append(System(strategy, seed, folder / "best", checkpoint_digest(folder / "best")))
         return systems
 
     def given_systems(self, strategy: str) -> list[System]:
-        """The config's already trained checkpoints of a strategy (seeds numbered in list order)."""
-        from rag_mag.retriever.encoder import CONFIG_NAME, resolve_checkpoint_dir
+        """The config's already trained checkpoints of a strategy (seeds numbered in list order).
+
+        A path that is not on this machine counts only if ``retrievers.json`` recorded it on an earlier run:
+        its recorded cells are reused, and any cell it never scored fails with a message."""
+        from rag_mag.retriever.encoder import CONFIG_NAME, checkpoint_digest, resolve_checkpoint_dir
 
         systems = []
         for seed, text in enumerate(self.config.retrievers[strategy]):
-            folder = resolve_checkpoint_dir(resolve_path(text, self.root))
+            path = resolve_path(text, self.root)
+            record = self.records.get(text)
+            if not path.exists():
+                if record is None:
+                    raise ConfigError(f"retrievers.{strategy}: {path} does not exist, and {self.records_path} has "
+                                      "no record of it; train it first (see the config's comments) or fix the path")
+                if record["strategy"] != strategy:
+                    raise ConfigError(f"retrievers.{strategy}: {text} was recorded as a {record['strategy']} "
+                                      f"retriever, not {strategy}")
+                logger.warning("retrievers.%s: %s is not on this machine; only the cells it scored before count",
+                               strategy, text)
+                systems.append(System(strategy, seed, path, record["digest"]))
+                continue
+            folder = resolve_checkpoint_dir(path)
             try:
                 saved = json.loads((folder / CONFIG_NAME).read_text()).get("strategy")
             except (OSError, json.JSONDecodeError):
@@ -180,19 +211,33 @@ class BenchRunner:
                                   f"{CONFIG_NAME}); train one with `rag-mag train` or fix the path") from None
             if saved != strategy:
                 raise ConfigError(f"retrievers.{strategy}: {folder} holds a {saved} retriever, not {strategy}")
-            systems.append(System(strategy, seed, folder))
+            digest = checkpoint_digest(folder)
+            self.records[text] = {"strategy": strategy, "digest": digest,
+                                  "train_log": _training_log(folder.parent / "train_log.jsonl")}
+            systems.append(System(strategy, seed, folder, digest))
         return systems
+
+    def write_records(self) -> None:
+        if self.records:
+            durable.write_text(self.records_path, json.dumps(self.records, indent=1, sort_keys=True))
+
+    def read_records(self) -> None:
+        try:
+            self.records = json.loads(self.records_path.read_text()) if self.records_path.is_file() else {}
+        except json.JSONDecodeError:
+            raise ConfigError(f"{self.records_path} is not valid JSON; restore it from git or delete it (its "
+                              "retrievers' cells are then scored again)") from None
 
     def baseline_systems(self) -> list[System]:
         systems = []
         if "base_cosine" in self.config.baselines:
-            from rag_mag.retriever.encoder import MagnitudeEncoder
+            from rag_mag.retriever.encoder import MagnitudeEncoder, checkpoint_digest
 
             base_model = self.config.train.get("base_model") or None
             folder = artifacts_dir() / "bench" / "retrievers" / f"base-cosine-{fingerprint(base_model)}"
             if not (folder / "rag_mag.json").is_file():
                 MagnitudeEncoder.build(base_model, "cosine").save(folder)
-            systems.append(System("base_cosine", 0, folder))
+            systems.append(System("base_cosine", 0, folder, checkpoint_digest(folder)))
         if "bm25" in self.config.baselines:
             systems.append(System("bm25", 0, None))
         for name in ("closed_book", "oracle"):
@@ -220,8 +265,10 @@ class BenchRunner:
             resolve_pipeline(path)  # a missing file fails now, not after training
         datasets = self.load_datasets()
         train_file = self.prepare_training_data(datasets)
+        self.read_records()
         systems = self.train_systems(train_file) + self.baseline_systems()
         self.systems = systems
+        self.write_records()
         rows = self.rows(systems)
         with running_server(self.config.llm_url, start=self.config.start_llm) as llm_url:
             scorer = CellScorer(self.config, llm_url, GenerationCache(self.out / "cache" / "generations.jsonl"))
@@ -253,7 +300,7 @@ class BenchRunner:
         used = [self.config.reader_pipeline] if row.pipeline is None else \
             [row.pipeline.path] + ([self.config.retrieval_pipeline] if row.system.checkpoint is not None else [])
         key = fingerprint(CELL_FORMAT, self.config.encode_precision, self.config.retrieval_top_k, self.config.rag_top_k,
-                          self.config.max_tokens, row.name, str(row.system.checkpoint),
+                          self.config.max_tokens, row.name, row.system.digest,
                           row.pipeline.max_questions if row.pipeline else None,
                           [r.id for r in dataset.records], len(dataset.corpus),
                           [file_digest(resolve_pipeline(path)) for path in used],
@@ -264,6 +311,9 @@ class BenchRunner:
             if saved.get("key") == key:
                 logger.info("[%d/%d] %s / %s: done earlier, reused", number, total, dataset.name, row.name)
                 return saved
+        if row.system.missing:
+            raise CellFailed(f"its retriever {row.system.checkpoint} is not on this machine and never scored this "
+                             "cell; train it again here (see the config's comments), or drop it from `retrievers:`")
         logger.info("[%d/%d] %s / %s", number, total, dataset.name, row.name)
         started = time.perf_counter()
         cell = scorer.evaluate(dataset, row)
@@ -282,6 +332,16 @@ class BenchRunner:
             "config_file": self.config_path,
             "pipelines": ", ".join(entry.path for entry in self.config.pipeline_entries()),
             "reader_pipeline": self.config.reader_pipeline, "retrieval_pipeline": self.config.retrieval_pipeline})
+
+
+def _training_log(path: Path) -> list[dict]:
+    """The records of a training log that the report shows (validation points, the last loss), for
+    ``retrievers.json``: the curve survives the run folder."""
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    losses = [r for r in records if "loss" in r]
+    return [r for r in records if "validation" in r] + losses[-1:]
 
 
 def write_jsonl_atomic(path: Path, record: dict) -> None:

@@ -33,14 +33,21 @@ def cell_to_row(cell: dict, predictors: dict, resamples: int) -> dict:
             "seconds": cell.get("seconds")}
 
 
-def training_curves(systems) -> dict:
-    """Per trained system: validation metrics at every evaluation step (held-out training queries)."""
+def training_curves(systems, recorded: dict | None = None) -> dict:
+    """Per trained system: validation metrics at every evaluation step (held-out training queries).
+
+    ``recorded``: training logs by checkpoint digest (``retrievers.json``), for retrievers whose run
+    folder is not on this machine."""
+    by_digest = {r["digest"]: r.get("train_log") or [] for r in (recorded or {}).values()}
     curves = {}
     for system in systems:
         log = system.checkpoint.parent / "train_log.jsonl" if system.checkpoint is not None else None
-        if log is None or not log.is_file():
+        if log is not None and log.is_file():
+            records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        elif by_digest.get(system.digest):
+            records = by_digest[system.digest]
+        else:
             continue
-        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         losses = [r for r in records if "loss" in r]
         curves[system.label] = {
             "validation": [{"step": r["step"], **r["validation"]} for r in records if "validation" in r],
@@ -124,7 +131,7 @@ def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict, f
     notes = list(config.notes)
     if failures:
         notes.append(f"{len(failures)} cell(s) failed and have no row; see the section 'Failed cells'.")
-    training = training_curves(runner.systems)
+    training = training_curves(runner.systems, runner.records)
     sections = [section for section in (rounds_section(cells, config.bootstrap_resamples),
                                         training_section(training) if training else None,
                                         failures_section(failures)) if section]

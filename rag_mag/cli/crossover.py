@@ -23,6 +23,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="train N runs at once in N processes (each with the config's train.threads); their "
                              "logs go to artifacts/crossover/worker-K.log")
+    parser.add_argument("--only", nargs="+", metavar="LABEL",
+                        help="train only these runs, e.g. main_dot_s0_400 (labels as in the report's cells/; an "
+                             "unknown label is refused with the list of valid ones)")
     parser.add_argument("--report-only", action="store_true", help="write the report from the finished cells")
     parser.add_argument("--output-dir", default=None, help="report folder (default: eval/reports/<name>)")
     return parser
@@ -36,7 +39,8 @@ def _run_workers(args: argparse.Namespace, runner) -> None:
 
     runner.work.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "rag_mag.cli.main", "crossover", args.config, "--time-budget",
-               str(args.time_budget)] + (["--output-dir", args.output_dir] if args.output_dir else [])
+               str(args.time_budget)] + (["--output-dir", args.output_dir] if args.output_dir else []) \
+        + (["--only", *args.only] if args.only else [])
     workers = []
     for index in range(args.workers):
         log = runner.work / f"worker-{index}.log"
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         _run_workers(args, runner)
         result = runner.collect()
     else:
-        result = runner.collect() if args.report_only else runner.run(args.time_budget)
+        result = runner.collect() if args.report_only else runner.run(args.time_budget, only=args.only)
     if not result["cells"]:
         logger.warning("no finished runs yet; nothing to report")
         return 1

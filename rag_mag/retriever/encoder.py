@@ -8,6 +8,7 @@ the trainer or Haystack.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -254,3 +255,15 @@ def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
     if not (folder / CONFIG_NAME).exists() and (folder / "best" / CONFIG_NAME).is_file():
         return folder / "best"
     return folder
+
+
+def checkpoint_digest(path: str | os.PathLike) -> str:
+    """A checkpoint's content identity: sha256 over its files' names and contents, not its path or file
+    times, so that results scored with it are recognised after a move or on another machine."""
+    folder = resolve_checkpoint_dir(path)
+    if not (folder / CONFIG_NAME).is_file():
+        raise CheckpointError(f"{folder} is not a rag-mag checkpoint (no {CONFIG_NAME})")
+    digest = hashlib.sha256()
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(folder).as_posix()}\t{durable.sha256_of(file)}\n".encode())
+    return digest.hexdigest()

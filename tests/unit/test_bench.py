@@ -289,6 +289,72 @@ def test_a_failed_cell_is_recorded_and_the_next_cells_still_run(tmp_path):
     assert "| toy | closed_book | reader.yaml: the generator failed" in failures_section(failures)
 
 
+def test_a_retriever_gone_from_the_machine_counts_with_the_cells_it_scored_and_no_others(tmp_path, checkpoint):
+    import json
+    import shutil
+
+    from rag_mag.bench.runner import BenchRunner
+    from rag_mag.bench.summary import training_curves
+    from rag_mag.retriever.encoder import checkpoint_digest
+
+    class Scorer:
+        def __init__(self):
+            self.scored = []
+
+        def primary_pipeline(self, dataset):
+            return "rag"
+
+        def evaluate(self, dataset, row):
+            self.scored.append(dataset.name)
+            return {"n_questions": len(dataset.records)}
+
+    run = tmp_path / "run"
+    shutil.copytree(checkpoint, run / "best")
+    (run / "train_log.jsonl").write_text(json.dumps({"step": 2, "validation": {"ndcg@10": 0.5}}) + "\n" +
+                                         json.dumps({"step": 2, "loss": 1.25, "g_query": 1.0, "g_document": 0.0}))
+    settings = config(output_dir=str(tmp_path / "report"), strategies=["qnorm"], retrievers={"qnorm": [str(run)]})
+
+    def systems() -> tuple[BenchRunner, list[System]]:
+        runner = BenchRunner(settings, "test.yaml", "rag-mag bench test.yaml")
+        runner.read_records()
+        found = runner.given_systems("qnorm")
+        runner.write_records()
+        return runner, found
+
+    runner, (system,) = systems()
+    assert not system.missing and system.digest == checkpoint_digest(run)
+    row = Row(system, PipelineEntry("pipelines/rag.yaml"))
+    scorer = Scorer()
+    runner.score_cells([(supporting_dataset(), row)], scorer)
+    assert scorer.scored == ["toy"]
+
+    shutil.rmtree(run)  # a fresh machine: the run folder is gone, the report folder (committed) is not
+    runner, (gone,) = systems()
+    assert gone.missing and gone.digest == system.digest
+    scorer = Scorer()
+    cells, failures = runner.score_cells([(supporting_dataset(), Row(gone, row.pipeline)),
+                                          (answer_dataset(), Row(gone, row.pipeline))], scorer)
+    assert scorer.scored == [] and [c["dataset"] for c in cells] == ["toy"]  # reused, not scored again
+    assert [f["dataset"] for f in failures] == ["open"] and "not on this machine" in failures[0]["error"]
+    curve = training_curves([gone], runner.records)[gone.label]
+    assert curve["validation"] == [{"step": 2, "ndcg@10": 0.5}] and curve["final_loss"] == 1.25
+
+    # retrained at the same path with other weights: a new digest, so its old cells are scored again
+    shutil.copytree(checkpoint, run / "best")
+    (run / "best" / "rag_mag.json").write_text((run / "best" / "rag_mag.json").read_text() + " ")
+    runner, (retrained,) = systems()
+    assert retrained.digest != system.digest
+    scorer = Scorer()
+    runner.score_cells([(supporting_dataset(), Row(retrained, row.pipeline))], scorer)
+    assert scorer.scored == ["toy"]
+
+    # a path that is missing and was never recorded is refused up front
+    other = config(output_dir=str(tmp_path / "other"), strategies=["qnorm"],
+                   retrievers={"qnorm": [str(tmp_path / "never")]})
+    with pytest.raises(ConfigError, match="no record of it"):
+        BenchRunner(other, "test.yaml", "c").given_systems("qnorm")
+
+
 def test_a_user_pipeline_without_the_benchmark_parameters_is_refused_clearly(tmp_path):
     from rag_mag.bench.generation import parameter_overrides
 

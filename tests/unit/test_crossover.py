@@ -115,6 +115,14 @@ def test_time_budget_stops_between_runs_and_a_later_call_continues(study, monkey
     assert [c["label"] for c in second["cells"]] == ["main_cosine_s0_2", "main_qnorm_s0_2"]
 
 
+def test_only_trains_the_named_runs_and_refuses_an_unknown_label(study):
+    config = study(runs=[{"group": "main", "strategies": ["cosine", "qnorm"], "steps": 2}], tuned=[])
+    with pytest.raises(ConfigError, match="no run labelled main_dot_s0_2 .* main_cosine_s0_2, main_qnorm_s0_2"):
+        CrossoverRunner(config, "c.yaml").run(only=["main_dot_s0_2"])
+    result = CrossoverRunner(config, "c.yaml").run(only=["main_qnorm_s0_2"])
+    assert [c["label"] for c in result["cells"]] == ["main_qnorm_s0_2"]
+
+
 def test_runs_that_need_tuning_first_and_bad_configs_are_refused(study):
     with pytest.raises(ConfigError, match="has no tuning runs"):
         CrossoverRunner(study(runs=[{"group": "main", "strategies": ["cosine"], "steps": 2}]), "c.yaml").run()
