@@ -4,11 +4,16 @@
     .venv/bin/python eval/bench_precision.py --vllm          # also the vLLM server (about 8 more minutes)
     .venv/bin/python eval/bench_precision.py --setup         # also the set-up's training (quickstart --train-only)
 
-Two CPU kinds are measured on the same machine:
+Up to two CPU kinds are measured on one machine (``--kinds``):
 
-* native: the CPU as it is (here an AMD EPYC with avx512_bf16: bfloat16 matrix products in hardware);
-* emulated: the same CPU with oneDNN capped at ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` (AVX-512 without the bf16
-  instructions), which is how torch runs on an AVX-512 Xeon without avx512_bf16: bf16 is emulated.
+* native: the CPU as it is (with or without avx512_bf16 / amx_bf16, recorded in the row's ``cpu``);
+* emulated: only on a CPU with native bf16: the same CPU with oneDNN capped at
+  ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` (AVX-512 without the bf16 instructions), which is how torch runs on
+  an AVX-512 Xeon without avx512_bf16: bf16 is emulated. On a CPU without native bf16 the cap changes
+  nothing, so only ``native`` is measured there, and it is the real thing.
+
+The results file keeps one row per (CPU, kind): a run on another machine adds its rows beside the
+earlier machines' rows instead of replacing them.
 
 Each (kind, precision) cell runs in a fresh subprocess (oneDNN reads the cap once, at start-up):
 
@@ -26,6 +31,7 @@ and writes eval/reports/precision/results.json. Stop other work (vLLM servers, t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -78,6 +84,28 @@ def child(args: argparse.Namespace) -> None:
     result.update(child_training(args.precision, args.steps, args.train_data))
     result.update(child_encoding(args.precision, args.passages))
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def cpu_identity() -> dict:
+    """Which CPU a row was measured on: its model name and the flags that decide bf16 and the kernels."""
+    from rag_mag.precision import NATIVE_BF16_CPU_FLAGS, cpu_flags, cpu_has_native_bf16
+
+    model = ""
+    with contextlib.suppress(OSError):
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    flags = cpu_flags()
+    return {"model": model, "native_bf16": cpu_has_native_bf16(isa_cap=""), "cores": os.cpu_count(),
+            "flags": sorted(f for f in flags if f in (*NATIVE_BF16_CPU_FLAGS, "avx2", "avx512f", "avx512_vnni"))}
+
+
+def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
+    """Earlier rows of other CPUs (or other kinds) stay; a row of the same CPU and kind is replaced."""
+    def slot(row: dict) -> tuple:
+        cpu = row.get("cpu", {})
+        return cpu.get("model"), tuple(cpu.get("flags", ())), row["kind"]
+    replaced = {slot(row) for row in new}
+    return [row for row in old if slot(row) not in replaced] + new
 
 
 def run_child(kind: str, precision: str, args: argparse.Namespace) -> dict:
@@ -147,6 +175,8 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=512, help="passages encoded per cell")
     parser.add_argument("--train-data", default=str(REPO / "artifacts" / "train_data" / "default" / "train.jsonl"),
                         help="training triples (default: the output of `rag-mag build-data`)")
+    parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=None,
+                        help="CPU kinds to measure (default: native, plus emulated where the CPU has native bf16)")
     parser.add_argument("--vllm", action="store_true", help="also measure the vLLM server in both dtypes")
     parser.add_argument("--setup", action="store_true",
                         help="also time the set-up's retriever training and indexing (quickstart --train-only)")
@@ -162,11 +192,19 @@ def main() -> None:
         sys.exit("--steps must be at least 4 and --passages at least 64")
     if not Path(args.train_data).is_file():
         sys.exit(f"{args.train_data} does not exist; run `rag-mag build-data eval/configs/train_data.yaml` first")
+    cpu = cpu_identity()
+    kinds = args.kinds or (list(KINDS) if cpu["native_bf16"] else ["native"])
+    if "emulated" in kinds and not cpu["native_bf16"]:
+        sys.exit("--kinds emulated needs a CPU with native bf16 (this one has none, so `native` already is the "
+                 "no-bf16 case); drop `emulated`")
+    print(f"CPU: {cpu['model'] or 'unknown'} ({', '.join(cpu['flags']) or 'no AVX2'}), "
+          f"native bf16: {'yes' if cpu['native_bf16'] else 'no'}; kinds: {', '.join(kinds)}", flush=True)
     rows = []
-    for kind in KINDS:
+    for kind in kinds:
         cells = {precision: run_child(kind, precision, args) for precision in ("fp32", "bf16")}
         auto = "bf16" if cells["fp32"]["auto_picks_bf16"] else "fp32"
-        row = {"kind": kind, "env": KINDS[kind], "auto_picks": auto, "cells": cells}
+        row = {"kind": kind, "cpu": cpu, "measured": time.strftime("%Y-%m-%d"), "env": KINDS[kind],
+               "auto_picks": auto, "cells": cells}
         for measure, faster_is in (("train_s_per_step", min), ("encode_passages_per_s", max)):
             best = faster_is(cells, key=lambda p, m=measure: cells[p][m])
             row[f"{measure}_faster"] = best
@@ -211,8 +249,12 @@ def main() -> None:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    durable.write_text(out, json.dumps({"rows": rows, "args": {k: v for k, v in vars(args).items() if k != "child"},
-                                        "environment": collect_environment("eval/bench_precision.py")}, indent=1))
+    environment = collect_environment("eval/bench_precision.py")
+    run_args = {k: v for k, v in vars(args).items() if k != "child"}
+    for row in rows:
+        row.update(args=run_args, environment=environment)
+    earlier = json.loads(out.read_text())["rows"] if out.is_file() else []
+    durable.write_text(out, json.dumps({"rows": merge_rows(earlier, rows)}, indent=1))
     print(f"\nwrote {out}")
 
 
