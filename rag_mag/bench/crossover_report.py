@@ -147,18 +147,27 @@ def render(result: Mapping, command: str) -> tuple[str, dict]:
             rows.append([strategy, str(step), f"{np.mean([p['validation']['ndcg@10'] for p in points]):.1f}",
                          *(f"{t:.1f}" for t in tests), f"{np.mean(tests):.1f} [{len(points)}]"])
     lines += _table(header, rows) + [""]
+    precisions = sorted({_precision(c) for c in cells})
+    if len(precisions) > 1:
+        lines += [f"The runs trained in different precisions ({' and '.join(precisions)}: `precision: auto` on "
+                  "machines with and without native bf16); each run's precision is in the tables below and in "
+                  "results.json (`bf16`).", ""]
     for group, title in (("data_size", "Data-size axis"), ("tuning", "Tuning on validation"),
                          ("ablation", "Training-data ablation (validation)")):
         group_cells = [c for c in cells if c["run"]["group"] == group]
         if not group_cells:
             continue
         lines += [f"## {title}", "", *_table(
-            ["run", "pairs", "steps", "best val nDCG@10 (step)", "final val", "final test mean", "loss"],
-            [[c["label"], str(c["train_size"]), str(c["run"]["steps"]), _best(c), _final_val(c),
+            ["run", "pairs", "steps", "precision", "best val nDCG@10 (step)", "final val", "final test mean", "loss"],
+            [[c["label"], str(c["train_size"]), str(c["run"]["steps"]), _precision(c), _best(c), _final_val(c),
               _final_test(c, datasets),
               f"{c['final_loss']:.3f}" if c.get("final_loss") is not None else "-"] for c in group_cells]), ""]
     lines += ["## Environment", "", "```json", json.dumps(collect_environment(command), indent=1), "```", ""]
     return "\n".join(lines), {"verdicts": found, "size_verdicts": by_size, "n_train": n_train}
+
+
+def _precision(cell: Mapping) -> str:
+    return "bf16" if cell.get("bf16") else "fp32"
 
 
 def _best(cell: Mapping) -> str:

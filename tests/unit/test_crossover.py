@@ -103,6 +103,14 @@ def test_study_measures_checkpoints_of_one_run_tunes_on_validation_and_resumes(s
     text = verdict["verdicts"][0]["text"]
     assert ("overtakes cosine at" in text) or ("does not overtake cosine within the largest run (4 steps" in text)
     assert verdict["size_verdicts"] and "training pairs" in verdict["size_verdicts"][0]["text"]
+    assert "different precisions" not in report  # one machine, one precision
+
+    # runs from machines with and without native bf16: the report says so, and each row names its precision
+    mixed = {**again, "cells": [{**c, "bf16": c["label"].startswith("tuning")} for c in again["cells"]]}
+    report = write(mixed, config.out_dir(), "rag-mag crossover crossover.yaml").read_text()
+    assert "trained in different precisions (bf16 and fp32" in report
+    assert "| tuning_cosine_s0_2_learning_rate1e-05 | 24 | 2 | bf16 |" in report
+    assert "| ablation_cosine_s0_2_gold+loose | 20 | 2 | fp32 |" in report
 
 
 def test_time_budget_stops_between_runs_and_a_later_call_continues(study, monkeypatch):
