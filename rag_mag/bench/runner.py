@@ -186,6 +186,7 @@ class BenchRunner:
 
         A path that is not on this machine counts only if ``retrievers.json`` recorded it on an earlier run:
         its recorded cells are reused, and any cell it never scored fails with a message."""
+        from rag_mag.bench.summary import read_training_log
         from rag_mag.retriever.encoder import CONFIG_NAME, checkpoint_digest, resolve_checkpoint_dir
 
         systems = []
@@ -213,7 +214,7 @@ class BenchRunner:
                 raise ConfigError(f"retrievers.{strategy}: {folder} holds a {saved} retriever, not {strategy}")
             digest = checkpoint_digest(folder)
             self.records[text] = {"strategy": strategy, "digest": digest,
-                                  "train_log": _training_log(folder.parent / "train_log.jsonl")}
+                                  "train_log": read_training_log(folder.parent / "train_log.jsonl")}
             systems.append(System(strategy, seed, folder, digest))
         return systems
 
@@ -332,16 +333,6 @@ class BenchRunner:
             "config_file": self.config_path,
             "pipelines": ", ".join(entry.path for entry in self.config.pipeline_entries()),
             "reader_pipeline": self.config.reader_pipeline, "retrieval_pipeline": self.config.retrieval_pipeline})
-
-
-def _training_log(path: Path) -> list[dict]:
-    """The records of a training log that the report shows (validation points, the last loss), for
-    ``retrievers.json``: the curve survives the run folder."""
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    losses = [r for r in records if "loss" in r]
-    return [r for r in records if "validation" in r] + losses[-1:]
 
 
 def write_jsonl_atomic(path: Path, record: dict) -> None:

@@ -33,6 +33,16 @@ def cell_to_row(cell: dict, predictors: dict, resamples: int) -> dict:
             "seconds": cell.get("seconds")}
 
 
+def read_training_log(path: Path) -> list[dict]:
+    """What the report shows of a ``train_log.jsonl``: its validation records and its last loss record
+    (empty when there is no log)."""
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    losses = [r for r in records if "loss" in r]
+    return [r for r in records if "validation" in r] + losses[-1:]
+
+
 def training_curves(systems, recorded: dict | None = None) -> dict:
     """Per trained system: validation metrics at every evaluation step (held-out training queries).
 
@@ -41,12 +51,10 @@ def training_curves(systems, recorded: dict | None = None) -> dict:
     by_digest = {r["digest"]: r.get("train_log") or [] for r in (recorded or {}).values()}
     curves = {}
     for system in systems:
-        log = system.checkpoint.parent / "train_log.jsonl" if system.checkpoint is not None else None
-        if log is not None and log.is_file():
-            records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        elif by_digest.get(system.digest):
-            records = by_digest[system.digest]
-        else:
+        if system.checkpoint is None:
+            continue
+        records = read_training_log(system.checkpoint.parent / "train_log.jsonl") or by_digest.get(system.digest)
+        if not records:
             continue
         losses = [r for r in records if "loss" in r]
         curves[system.label] = {
