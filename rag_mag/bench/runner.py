@@ -84,7 +84,15 @@ class Row:
 
 
 class BenchRunner:
-    def __init__(self, config: BenchConfig, config_path: str, command: str) -> None:
+    def __init__(self, config: BenchConfig, config_path: str, command: str, only: list[str] | None = None) -> None:
+        """``only``: score just these systems (strategies or baselines) and write no report; a configured
+        retriever that is not trained yet is then skipped instead of refused."""
+        valid = [*config.strategies, *config.baselines]
+        unknown = [name for name in only or () if name not in valid]
+        if unknown:
+            raise ConfigError(f"--only: {', '.join(unknown)} is not a system of this config; its systems are: "
+                              + ", ".join(valid))
+        self.only = list(only or ())
         self.config = config
         self.config_path = config_path
         self.command = command
@@ -163,6 +171,8 @@ class BenchRunner:
 
         systems = []
         for strategy in self.config.strategies:
+            if self.only and strategy not in self.only:
+                continue
             if strategy in self.config.retrievers:
                 systems += self.given_systems(strategy)
                 continue
@@ -194,6 +204,9 @@ class BenchRunner:
             path = resolve_path(text, self.root)
             record = self.records.get(text)
             if not path.exists():
+                if record is None and self.only:
+                    logger.warning("retrievers.%s: %s is not trained yet; skipped (--only)", strategy, text)
+                    continue
                 if record is None:
                     raise ConfigError(f"retrievers.{strategy}: {path} does not exist, and {self.records_path} has "
                                       "no record of it; train it first (see the config's comments) or fix the path")
@@ -231,7 +244,8 @@ class BenchRunner:
 
     def baseline_systems(self) -> list[System]:
         systems = []
-        if "base_cosine" in self.config.baselines:
+        chosen = [name for name in self.config.baselines if not self.only or name in self.only]
+        if "base_cosine" in chosen:
             from rag_mag.retriever.encoder import MagnitudeEncoder, checkpoint_digest
 
             base_model = self.config.train.get("base_model") or None
@@ -239,10 +253,10 @@ class BenchRunner:
             if not (folder / "rag_mag.json").is_file():
                 MagnitudeEncoder.build(base_model, "cosine").save(folder)
             systems.append(System("base_cosine", 0, folder, checkpoint_digest(folder)))
-        if "bm25" in self.config.baselines:
+        if "bm25" in chosen:
             systems.append(System("bm25", 0, None))
         for name in ("closed_book", "oracle"):
-            if name in self.config.baselines:
+            if name in chosen:
                 systems.append(System(name, 0, None))
         return systems
 
@@ -254,6 +268,8 @@ class BenchRunner:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Path:
+        """Score every cell and write the report; return the report's folder. With ``only``, score just
+        those systems' cells (to finish a report piece by piece) and write no report."""
         from rag_mag.bench.cells import side_predictors
         from rag_mag.bench.generation import GenerationCache
         from rag_mag.bench.scoring import CellScorer
@@ -279,6 +295,10 @@ class BenchRunner:
         if not cells:
             raise CellFailed("every benchmark cell failed; see the errors above: " +
                              "; ".join(f"{f['dataset']}/{f['system']}: {f['error']}" for f in failures[:3]))
+        if self.only:
+            logger.info("scored %d cells of %s (%d failed); run without --only to write the report",
+                        len(cells), ", ".join(self.only), len(failures))
+            return self.out
         predictors = side_predictors(datasets, train_file, self.config)
         return write_outputs(self, cells, predictors, datasets, failures)
 

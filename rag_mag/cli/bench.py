@@ -25,6 +25,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "rows are named FILE-STEM:SYSTEM")
     parser.add_argument("--data-root", help="folder of the shared datasets (default: RAG_MAG_DATA_ROOT or "
                                             "../shared/data)")
+    parser.add_argument("--only", action="append", metavar="SYSTEM",
+                        help="score just this system's cells (a strategy such as cosine, or a baseline such as "
+                             "base_cosine; repeat for several) and write no report: to finish a long benchmark "
+                             "piece by piece, e.g. each retriever right after it is trained. Configured retrievers "
+                             "that are not trained yet are skipped")
     return parser
 
 
@@ -39,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_questions is not None:
         overrides.update(max_questions=args.max_questions, dataset_max_questions={})
     config = load_bench_config(args.config, overrides)
-    out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]])).run()
-    print(f"report: {out / 'report.md'}")
+    out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]]), only=args.only).run()
+    if args.only:
+        print(f"cells: {out / 'cells'} (no report with --only: run without it once every system is scored)")
+    else:
+        print(f"report: {out / 'report.md'}")
     return 0

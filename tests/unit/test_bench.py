@@ -355,6 +355,23 @@ def test_a_retriever_gone_from_the_machine_counts_with_the_cells_it_scored_and_n
         BenchRunner(other, "test.yaml", "c").given_systems("qnorm")
 
 
+def test_only_scores_the_named_systems_and_skips_retrievers_not_trained_yet(tmp_path, checkpoint):
+    from rag_mag.bench.runner import BenchRunner
+
+    settings = config(output_dir=str(tmp_path / "report"), strategies=["qnorm", "dot"],
+                      baselines=["bm25", "closed_book"],
+                      retrievers={"qnorm": [str(checkpoint), str(tmp_path / "seed1-not-yet")],
+                                  "dot": [str(tmp_path / "never")]})
+    runner = BenchRunner(settings, "test.yaml", "c", only=["qnorm", "bm25"])
+    found = runner.train_systems(tmp_path / "unused.jsonl") + runner.baseline_systems()
+    assert [(s.name, s.seed) for s in found] == [("qnorm", 0), ("bm25", 0)]  # dot and the untrained seed left out
+    with pytest.raises(ConfigError, match="--only: cosine is not a system of this config; its systems are: "
+                                          "qnorm, dot, bm25, closed_book"):
+        BenchRunner(settings, "test.yaml", "c", only=["cosine"])
+    with pytest.raises(ConfigError, match="no record of it"):  # without --only an untrained retriever is refused
+        BenchRunner(settings, "test.yaml", "c").train_systems(tmp_path / "unused.jsonl")
+
+
 def test_a_user_pipeline_without_the_benchmark_parameters_is_refused_clearly(tmp_path):
     from rag_mag.bench.generation import parameter_overrides
 
