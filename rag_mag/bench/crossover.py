@@ -81,6 +81,9 @@ class CrossoverConfig:
     # Groups whose checkpoints are also measured on the test sets; the others (tuning, ablation) are
     # judged on validation only, which is all their choice may use, and they cost no corpus encoding.
     test_groups: list[str] = field(default_factory=lambda: ["main", "data_size"])
+    # Groups of test_groups measured on the test sets at their last step only (their comparison uses the
+    # final checkpoint, e.g. the data-size axis); each skipped test evaluation saves a corpus encoding.
+    test_last_only: list[str] = field(default_factory=list)
     # TrainConfig fields that the tuning runs choose for every other run: per strategy, the grid value
     # with the best validation nDCG@10 (at any checkpoint); a strategy without tuning runs takes the
     # value with the best mean over the tuned strategies. The tuning runs therefore go first.
@@ -249,9 +252,10 @@ class CrossoverRunner:
 
     def _key(self, spec: RunSpec, train_file: Path) -> str:
         settings = {k: v for k, v in self.config.train.items() if k not in MACHINE_SETTINGS}
+        last_only = ["test_last_only"] if spec.group in self.config.test_last_only else []  # older keys unchanged
         return fingerprint(CELL_FORMAT, asdict(spec), settings, self.config.checkpoints,
                            spec.group in self.config.test_groups, self.config.datasets, self.config.max_questions,
-                           train_file.stat().st_size, Path(self.config.val_data).stat().st_size)
+                           train_file.stat().st_size, Path(self.config.val_data).stat().st_size, *last_only)
 
     def _finished(self, spec: RunSpec, key: str) -> bool:
         cell_path = self.cells_dir / f"{spec.label}.json"
@@ -349,7 +353,9 @@ class CrossoverRunner:
         if step not in checkpoints:
             return
         point: dict[str, Any] = {"step": step, "validation": trainer.validate(encoder, validation), "test": {}}
-        for dataset in tests if spec.group in self.config.test_groups else ():
+        tested = spec.group in self.config.test_groups and \
+            (spec.group not in self.config.test_last_only or step == spec.steps)
+        for dataset in tests if tested else ():
             mean, per_example = test_ndcg(encoder, dataset, trainer.bf16)
             point["test"][dataset.name] = {"ndcg@10": mean, "per_example": per_example}
         point["g"] = list(encoder.degrees.as_floats())

@@ -123,6 +123,18 @@ def test_time_budget_stops_between_runs_and_a_later_call_continues(study, monkey
     assert [c["label"] for c in second["cells"]] == ["main_cosine_s0_2", "main_qnorm_s0_2"]
 
 
+def test_test_last_only_measures_the_test_sets_at_the_last_step_alone_and_keeps_other_keys(study):
+    runs = [{"group": "main", "strategies": ["cosine"], "steps": 4},
+            {"group": "data_size", "strategies": ["cosine"], "fractions": [0.5], "steps": 4}]
+    before = CrossoverRunner(study(runs=runs, tuned=[]), "c.yaml").run(only=["main_cosine_s0_4"])
+    result = CrossoverRunner(study(runs=runs, tuned=[], test_last_only=["data_size"]), "c.yaml").run()
+    cells = {cell["label"]: cell for cell in result["cells"]}
+    size = cells["data_size_cosine_s0_4_f0.5"]["curve"]
+    assert [p["step"] for p in size] == [0, 2, 4] and [bool(p["test"]) for p in size] == [False, False, True]
+    assert all(p["test"] for p in cells["main_cosine_s0_4"]["curve"])  # other groups: every checkpoint
+    assert cells["main_cosine_s0_4"]["key"] == before["cells"][0]["key"]  # its cell was not trained again
+
+
 def test_only_trains_the_named_runs_and_refuses_an_unknown_label(study):
     config = study(runs=[{"group": "main", "strategies": ["cosine", "qnorm"], "steps": 2}], tuned=[])
     with pytest.raises(ConfigError, match="no run labelled main_dot_s0_2 .* main_cosine_s0_2, main_qnorm_s0_2"):
