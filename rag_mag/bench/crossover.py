@@ -367,7 +367,9 @@ class CrossoverRunner:
 
     def collect(self) -> dict:
         """The finished cells of this config's runs (cells of runs no longer in the config are left out)."""
-        labels = {spec.label for spec in self.config.run_specs()}
+        labels = [spec.label for spec in self.config.run_specs()]
         cells = [json.loads(p.read_text().splitlines()[0]) for p in sorted(self.cells_dir.glob("*.json"))
                  if p.stem in labels]
-        return {"config": asdict(self.config), "cells": cells, "planned": len(labels)}
+        done = {cell["label"] for cell in cells}
+        return {"config": asdict(self.config), "cells": cells, "planned": len(labels),
+                "pending": [label for label in labels if label not in done]}

@@ -126,7 +126,8 @@ def render(result: Mapping, command: str) -> tuple[str, dict]:
     planned = result.get("planned")
     if planned and len(cells) < planned:
         lines += [f"**In progress: {len(cells)} of {planned} runs finished.** Run the same command again to "
-                  "continue; finished runs are kept.", ""]
+                  "continue (`--only LABEL` for one run); finished runs are kept. Still to run: "
+                  + ", ".join(f"`{label}`" for label in result.get("pending", [])) + ".", ""]
     lines += ["## Verdict", "", "Computed from the numbers below: a strategy overtakes cosine where its pooled "
               "per-question test nDCG@10 (seed-averaged, all test sets) is higher with a paired permutation "
               f"p < {ALPHA}.", "", "Training length:", ""] + ([f"- {v['text']}" for v in found] or [

@@ -119,6 +119,8 @@ def test_time_budget_stops_between_runs_and_a_later_call_continues(study, monkey
     monkeypatch.setattr(crossover_module.time, "monotonic", lambda: next(clock, 100.0))
     first = CrossoverRunner(config, "c.yaml").run(time_budget_s=50)
     assert [c["label"] for c in first["cells"]] == ["main_cosine_s0_2"]
+    report = write(first, config.out_dir(), "c").read_text()
+    assert "In progress: 1 of 2 runs finished" in report and "Still to run: `main_qnorm_s0_2`." in report
     second = CrossoverRunner(config, "c.yaml").run()
     assert [c["label"] for c in second["cells"]] == ["main_cosine_s0_2", "main_qnorm_s0_2"]
 
