@@ -396,7 +396,7 @@ def test_the_pipeline_flag_replaces_the_configs_pipelines(tmp_path, monkeypatch)
     seen = {}
 
     class Runner:
-        def __init__(self, config, path, command):
+        def __init__(self, config, path, command, only=None):
             seen["entries"] = config.pipeline_entries()
 
         def run(self):
