@@ -194,7 +194,7 @@ class CrossoverRunner:
                   "steps": spec.steps, "train_data": str(train_file), "val_data": self.config.val_data,
                   "out": str(run_dir)}
         values.setdefault("save_every", max(1, min(100, spec.steps)))
-        values.setdefault("eval_every", max(1, min(100, spec.steps)))  # best/ is the best validation checkpoint
+        values.setdefault("eval_every", max(1, min(100, spec.steps)))  # best/ is chosen among these (selection)
         return make_config(TrainConfig, values, source=f"crossover run {spec.label}")
 
     def run(self, time_budget_s: float = 0.0, poll_s: float = 30.0, only: list[str] | None = None) -> dict:
@@ -251,11 +251,15 @@ class CrossoverRunner:
                 time.sleep(poll_s)
 
     def _key(self, spec: RunSpec, train_file: Path) -> str:
-        settings = {k: v for k, v in self.config.train.items() if k not in MACHINE_SETTINGS}
+        settings = {k: v for k, v in self.config.train.items() if k not in (*MACHINE_SETTINGS, "selection")}
         last_only = ["test_last_only"] if spec.group in self.config.test_last_only else []  # older keys unchanged
+        # a main run publishes best/, which the selection rule chooses (the other groups' keys are unchanged)
+        selection = ["selection", self.config.train.get("selection", TrainConfig.selection)] \
+            if spec.group == "main" else []
         return fingerprint(CELL_FORMAT, asdict(spec), settings, self.config.checkpoints,
                            spec.group in self.config.test_groups, self.config.datasets, self.config.max_questions,
-                           train_file.stat().st_size, Path(self.config.val_data).stat().st_size, *last_only)
+                           train_file.stat().st_size, Path(self.config.val_data).stat().st_size, *last_only,
+                           *selection)
 
     def _finished(self, spec: RunSpec, key: str) -> bool:
         cell_path = self.cells_dir / f"{spec.label}.json"
@@ -303,7 +307,8 @@ class CrossoverRunner:
                                                              "document_norm_mean", "document_norm_cv")}
                 if losses else {},
                 "train_size": sum(1 for _ in train_file.open()), "seconds": round(time.monotonic() - run_started),
-                "device": str(trainer.device), "bf16": trainer.bf16, "steps_done": result.step}
+                "device": str(trainer.device), "bf16": trainer.bf16, "steps_done": result.step,
+                "selection": trainer.config.selection, "selected_step": result.best_metrics.get("step")}
         write_jsonl(self.cells_dir / f"{spec.label}.json", [cell])
         self._publish(spec, run_dir)
 
@@ -352,7 +357,8 @@ class CrossoverRunner:
         """The trainer's step hook: at a checkpoint step, append validation (and test) nDCG@10 to the curve."""
         if step not in checkpoints:
             return
-        point: dict[str, Any] = {"step": step, "validation": trainer.validate(encoder, validation), "test": {}}
+        metrics, per_query = trainer.validation_scores(encoder, validation)
+        point: dict[str, Any] = {"step": step, "validation": metrics, "validation_per_query": per_query, "test": {}}
         tested = spec.group in self.config.test_groups and \
             (spec.group not in self.config.test_last_only or step == spec.steps)
         for dataset in tests if tested else ():

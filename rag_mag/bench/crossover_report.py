@@ -148,6 +148,7 @@ def render(result: Mapping, command: str) -> tuple[str, dict]:
             rows.append([strategy, str(step), f"{np.mean([p['validation']['ndcg@10'] for p in points]):.1f}",
                          *(f"{t:.1f}" for t in tests), f"{np.mean(tests):.1f} [{len(points)}]"])
     lines += _table(header, rows) + [""]
+    lines += _published(cells, datasets)
     precisions = sorted({_precision(c) for c in cells})
     if len(precisions) > 1:
         lines += [f"The runs trained in different precisions ({' and '.join(precisions)}: `precision: auto` on "
@@ -165,6 +166,28 @@ def render(result: Mapping, command: str) -> tuple[str, dict]:
               f"{c['final_loss']:.3f}" if c.get("final_loss") is not None else "-"] for c in group_cells]), ""]
     lines += ["## Environment", "", "```json", json.dumps(collect_environment(command), indent=1), "```", ""]
     return "\n".join(lines), {"verdicts": found, "size_verdicts": by_size, "n_train": n_train}
+
+
+def _published(cells: Sequence[Mapping], datasets: Sequence[str]) -> list[str]:
+    """Which checkpoint each main run published as best/ (what the benchmark scores), and its test nDCG@10."""
+    rows = []
+    for cell in (c for c in cells if c["run"]["group"] == "main"):
+        points = {p["step"]: p for p in cell["curve"]}
+        step = cell.get("selected_step")  # None: a run finished before the rule was recorded (max)
+        rule = cell.get("selection", "max")
+        point = points.get(step)
+        tests = [f"{point['test'][d]['ndcg@10']:.1f}" if point and d in point["test"] else "-" for d in datasets]
+        validation = f"{point['validation']['ndcg@10']:.1f}" if point else "-"
+        rows.append([cell["label"], rule, "-" if step is None else str(step), validation, *tests])
+    if not rows:
+        return []
+    return ["## Published checkpoints (main runs)", "",
+            "`best/` of each main run, the checkpoint `rag-mag bench` scores. `one_se`: the earliest validated "
+            "checkpoint whose validation nDCG@10 is within one paired standard error of the best one, the "
+            "untrained step 0 included (`rag_mag/retriever/selection.py`); `max`: the highest validation "
+            "nDCG@10 (the rule before it). The trainer validates every 100 steps, so a step that is not a "
+            "measured checkpoint shows no test figures.", "",
+            *_table(["run", "rule", "best/ step", "validation", *datasets], rows), ""]
 
 
 def _precision(cell: Mapping) -> str:

@@ -19,6 +19,7 @@ import yaml
 
 from rag_mag.errors import ConfigError
 from rag_mag.precision import parse_device, parse_precision
+from rag_mag.retriever.selection import RULES
 from rag_mag.retriever.strategies import Strategy
 
 
@@ -30,7 +31,8 @@ def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" mirrors argparse
 class TrainConfig:
     strategy: str = _f("qnorm", "similarity strategy: cosine, dot, qnorm, dnorm or learnable")
     train_data: str = _f("", "training triples JSONL ({query, positives[], hard_negatives[]}); .gz is fine")
-    out: str = _f("", "output folder: best/ (best on validation), last/ (for resuming), train_log.jsonl")
+    out: str = _f("", "output folder: best/ (chosen on validation, see selection), last/ (for resuming), "
+                      "train_log.jsonl")
     val_data: str = _f("", "held-out triples JSONL for validation; empty: hold out val_fraction of train_data")
     val_fraction: float = _f(0.1, "share of training queries held out for validation when val_data is empty")
     val_max_queries: int = _f(300, "at most this many validation queries (their passages form the search pool)")
@@ -58,6 +60,9 @@ class TrainConfig:
     device: str = _f("auto", "auto, cpu, cuda or cuda:N (auto: the first CUDA GPU torch sees, else the CPU)")
     seed: int = _f(0, "random seed (data order, sampling, initialization of nothing else)")
     eval_every: int = _f(50, "validate every N steps (0: only at the end)")
+    selection: str = _f("one_se", "which validated checkpoint becomes best/: one_se (the earliest within one "
+                                  "standard error of the best, the untrained step 0 included) or max (the "
+                                  "highest validation nDCG@10)")
     log_every: int = _f(10, "log training statistics every N steps")
     save_every: int = _f(50, "write the resumable last/ checkpoint every N steps")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
@@ -86,6 +91,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be in [0, 1), got {value}")
         self.precision = parse_precision(self.precision)
         self.device = parse_device(self.device)
+        if self.selection not in RULES:
+            raise ConfigError(f"unknown selection {self.selection!r}; valid rules are: {', '.join(RULES)}")
         if self.pooling not in ("mean", "cls"):
             raise ConfigError(f"unknown pooling {self.pooling!r}; valid poolings are: mean, cls")
 

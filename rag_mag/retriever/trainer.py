@@ -2,7 +2,9 @@
 
 The trainer knows the encoder, the loss and the data; it knows nothing of Haystack. Output folder:
 
-* ``best/``  the checkpoint with the best validation nDCG@10 (what users index with);
+* ``best/``  the validated checkpoint chosen by ``selection`` (what users index with): by default the
+  earliest one within one standard error of the best validation nDCG@10, step 0 included (``selection.py``);
+* ``validated/step-N/``  the validated checkpoints that rule may still choose (the others are deleted);
 * ``last/``  the latest checkpoint plus ``trainer_state.json`` and ``optimizer.safetensors`` (for resuming),
   written whole into a staging folder and swapped in (a kill leaves the previous one); a run resumes from
   it only when it is complete and was written with the same data and settings (``_should_resume``);
@@ -45,6 +47,7 @@ from rag_mag.retriever.diagnostics import norm_statistics
 from rag_mag.retriever.distributed import ProcessGroup, shard_bounds
 from rag_mag.retriever.encoder import CONFIG_NAME, MagnitudeEncoder
 from rag_mag.retriever.loss import InfoNCELoss
+from rag_mag.retriever.selection import within_one_standard_error
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +143,9 @@ class Trainer:
         self.out = Path(config.out)
         self.best_dir, self.last_dir = self.out / "best", self.out / "last"
         self.log_path = self.out / "train_log.jsonl"
+        self.validated_dir = self.out / "validated"
+        # one_se: the checkpoints it may still choose, by step: {"metrics": {...}, "per_query": [nDCG@10 ...]}
+        self.candidates: dict[str, dict] = {}
         self.device = torch.device("cpu")
         self.bf16 = False  # decided in train() from config.precision and the device
         self.data_fingerprint: dict[str, str | None] = {}
@@ -232,7 +238,7 @@ class Trainer:
             durable.fault_point("checkpoint:optimizer")
             files = {path.name: path.stat().st_size for path in sorted(staging.iterdir()) if path.is_file()}
             state = {"step": step, "world_size": self.group.world_size, "best_metrics": best_metrics,
-                     "param_group_sizes": slots,
+                     "candidates": self.candidates, "param_group_sizes": slots,
                      "config": self.config.to_dict(), "data_fingerprint": self.data_fingerprint, "files": files}
             (staging / STATE_NAME).write_text(json.dumps(state, indent=2))
             durable.fault_point("checkpoint:state")
@@ -358,12 +364,19 @@ class Trainer:
         for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs,
                                           [fn(step) for fn in scheduler.lr_lambdas], strict=True):
             group["lr"] = base_lr * factor
+        self.candidates = state.get("candidates", {})
         return step, state.get("best_metrics", {})
 
     # ---- validation
     @torch.inference_mode()
     def validate(self, encoder: MagnitudeEncoder, validation: list[Triple]) -> dict[str, float]:
         """Rank the pool of all validation passages for each validation query (recall@k, nDCG@10)."""
+        return self.validation_scores(encoder, validation)[0]
+
+    @torch.inference_mode()
+    def validation_scores(self, encoder: MagnitudeEncoder, validation: list[Triple],
+                          ) -> tuple[dict[str, float], list[float]]:
+        """``validate``'s means, and each query's nDCG@10 (in percent)."""
         pool: dict[str, Passage] = {}
         for triple in validation:
             for passage in (*triple.positives, *triple.hard_negatives):
@@ -375,8 +388,9 @@ class Trainer:
         top = np.argsort(-scores, axis=1)[:, :20]
         judgements = [judge_supporting([ids[j] for j in row], [p.id for p in triple.positives])
                       for row, triple in zip(top, validation, strict=True)]
-        means = score_retrieval(judgements, ks=(1, 5, 20)).means
-        return {name: means[name] for name in ("recall@1", "recall@5", "recall@20", "ndcg@10")}
+        scores = score_retrieval(judgements, ks=(1, 5, 20))
+        per_query = [round(100.0 * float(v), 2) for v in scores.per_example["ndcg@10"]]
+        return {name: scores.means[name] for name in ("recall@1", "recall@5", "recall@20", "ndcg@10")}, per_query
 
     # ---- the loop
     def train(self) -> TrainResult:
@@ -437,6 +451,10 @@ class Trainer:
         on_step = self.on_step if main else None
         if on_step is not None and step == 0:
             self.on_step(0, encoder)
+        if validation and step == 0 and config.selection == "one_se":  # the starting model is a candidate
+            if main:
+                best_metrics = self._validate_and_keep_best(encoder, validation, 0, best_metrics, history)
+            best_metrics = self.group.broadcast_object(best_metrics)
         encoder.train()
         started = time.perf_counter()
         with logging_redirect_tqdm():
@@ -542,14 +560,43 @@ class Trainer:
                            "information is being lost", record["document_cosine"], record["step"])
 
     def _validate_and_keep_best(self, encoder, validation, step, best_metrics, history) -> dict:
-        metrics = self.validate(encoder, validation)
+        metrics, per_query = self.validation_scores(encoder, validation)
         encoder.train()
-        improved = metrics["ndcg@10"] > best_metrics.get("ndcg@10", -1.0)
-        self._log({"step": step, "validation": metrics, "best": improved}, history)
-        if improved:
-            encoder.save(self.best_dir)
-            return {**metrics, "step": step}
-        return best_metrics
+        if self.config.selection == "max":
+            improved = metrics["ndcg@10"] > best_metrics.get("ndcg@10", -1.0)
+            self._log({"step": step, "validation": metrics, "best": improved}, history)
+            if improved:
+                encoder.save(self.best_dir)
+                return {**metrics, "step": step}
+            return best_metrics
+        return self._keep_within_one_standard_error(encoder, step, metrics, per_query, history)
+
+    def _keep_within_one_standard_error(self, encoder, step, metrics, per_query, history) -> dict:
+        """The one_se rule (``selection.py``): keep this checkpoint while the rule may still choose it, drop
+        those it no longer may, and copy the chosen one to ``best/`` (every time, so a kill between the copy
+        and the next ``last/`` cannot leave ``best/`` out of step with the resumed state)."""
+        candidates = {**self.candidates, str(step): {"metrics": metrics, "per_query": per_query}}
+        chosen, band = within_one_standard_error({int(s): c["per_query"] for s, c in candidates.items()})
+        if step in band:
+            encoder.save(self.validated_dir / f"step-{step}")
+        self.candidates = {str(s): candidates[str(s)] for s in band}
+        for folder in self.validated_dir.glob("step-*") if self.validated_dir.is_dir() else ():
+            if folder.name.removeprefix("step-") not in self.candidates:
+                shutil.rmtree(folder, ignore_errors=True)
+        chosen_dir = self.validated_dir / f"step-{chosen}"
+        if not chosen_dir.is_dir():  # resumed from a checkpoint written before validated/ existed
+            raise CheckpointError(f"{chosen_dir} is missing, so best/ cannot be set to step {chosen}; pass "
+                                  "--no-resume to start over, or --selection max")
+        staging = durable.staging_dir(self.best_dir)
+        try:
+            shutil.copytree(chosen_dir, staging, dirs_exist_ok=True)
+            durable.sync_tree(staging)
+            durable.replace_dir(staging, self.best_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._log({"step": step, "validation": metrics, "best": chosen == step, "chosen": chosen,
+                   "band": band}, history)
+        return {**candidates[str(chosen)]["metrics"], "step": chosen}
 
     def _log(self, record: dict, history: list[dict]) -> None:
         history.append(record)
@@ -559,7 +606,9 @@ class Trainer:
         if "validation" in record:
             logger.info("step %d validation %s%s", record["step"],
                         " ".join(f"{k}={v:.2f}" for k, v in record["validation"].items()),
-                        " (best so far)" if record.get("best") else "")
+                        f" (best/ is step {record['chosen']}, within one standard error: steps "
+                        f"{', '.join(map(str, record['band']))})" if "chosen" in record
+                        else " (best so far)" if record.get("best") else "")
         else:
             logger.info("step %d loss %.4f acc %.3f |q| %.2f (cv %.3f) |d| %.2f (cv %.3f) g=(%.3f, %.3f)",
                         record["step"], record["loss"], record["accuracy"], record["query_norm_mean"],

@@ -90,6 +90,12 @@ def test_study_measures_checkpoints_of_one_run_tunes_on_validation_and_resumes(s
     published = tmp_path / "artifacts" / "crossover" / "retrievers" / "main_qnorm_s0_4"
     assert (published / "best" / "rag_mag.json").is_file()
     assert json.loads((published / "best" / "rag_mag.json").read_text())["strategy"] == "qnorm"
+    # its best/ is the checkpoint the one_se rule chose, recorded in the cell with per-query validation
+    qnorm = cells["main_qnorm_s0_4"]
+    assert qnorm["selection"] == "one_se" and qnorm["selected_step"] in (0, 2, 4)
+    assert all(len(point["validation_per_query"]) == 6 for point in qnorm["curve"])
+    state = json.loads((published / "last" / "trainer_state.json").read_text())
+    assert state["best_metrics"]["step"] == qnorm["selected_step"]
 
     # a second invocation trains nothing: every cell is cached under the same key
     monkeypatch.setattr(Trainer, "train", lambda self: pytest.fail("a cached cell was trained again"))
@@ -104,6 +110,7 @@ def test_study_measures_checkpoints_of_one_run_tunes_on_validation_and_resumes(s
     assert ("overtakes cosine at" in text) or ("does not overtake cosine within the largest run (4 steps" in text)
     assert verdict["size_verdicts"] and "training pairs" in verdict["size_verdicts"][0]["text"]
     assert "different precisions" not in report  # one machine, one precision
+    assert f"| main_qnorm_s0_4 | one_se | {qnorm['selected_step']} |" in report  # the published checkpoints
 
     # runs from machines with and without native bf16: the report says so, and each row names its precision
     mixed = {**again, "cells": [{**c, "bf16": c["label"].startswith("tuning")} for c in again["cells"]]}
@@ -135,6 +142,21 @@ def test_test_last_only_measures_the_test_sets_at_the_last_step_alone_and_keeps_
     assert [p["step"] for p in size] == [0, 2, 4] and [bool(p["test"]) for p in size] == [False, False, True]
     assert all(p["test"] for p in cells["main_cosine_s0_4"]["curve"])  # other groups: every checkpoint
     assert cells["main_cosine_s0_4"]["key"] == before["cells"][0]["key"]  # its cell was not trained again
+
+
+def test_the_selection_rule_is_part_of_a_main_runs_key_only(study):
+    runs = [{"group": "main", "strategies": ["cosine"], "steps": 2},
+            {"group": "ablation", "strategy": "cosine", "steps": 2, "sources": ["gold"]}]
+    one_se = CrossoverRunner(study(runs=runs, tuned=[]), "c.yaml").run()
+    # under the max rule the main run publishes another best/, so its cell is trained again; the ablation's is not
+    config = study(runs=runs, tuned=[], train=dict(batch_size=4, hard_negatives=1, calibration_samples=8,
+                                                   warmup_ratio=0.0, val_max_queries=6, selection="max"))
+    runner = CrossoverRunner(config, "c.yaml")
+    specs = {spec.label: spec for spec in config.run_specs()}
+    keys = {label: runner._key(spec, runner._train_file(spec)) for label, spec in specs.items()}
+    before = {cell["label"]: cell["key"] for cell in one_se["cells"]}
+    assert keys["main_cosine_s0_2"] != before["main_cosine_s0_2"]
+    assert keys["ablation_cosine_s0_2_gold"] == before["ablation_cosine_s0_2_gold"]
 
 
 def test_only_trains_the_named_runs_and_refuses_an_unknown_label(study):

@@ -122,7 +122,7 @@ def test_two_processes_train_like_one_with_the_combined_batch_and_resume_with_on
 
     # the same loss, accuracy, norms and gradient norm at every step, and the same validation
     two_log, one_log = log_records(data / "two"), log_records(data / "one")
-    assert [r["step"] for r in two_log] == [r["step"] for r in one_log] == [1, 2, 2, 3, 3]
+    assert [r["step"] for r in two_log] == [r["step"] for r in one_log] == [0, 1, 2, 2, 3, 3]
     for ours, theirs in zip(two_log, one_log, strict=True):
         for key in ("loss", "accuracy", "grad_norm", "query_norm_mean", "document_norm_cv", "g_query"):
             if key in theirs:

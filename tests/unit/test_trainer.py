@@ -49,7 +49,7 @@ def test_logs_norm_statistics_and_validation(setup, tmp_path):
                 "g_query", "g_document"):
         assert key in steps[0]
     validations = [line for line in lines if "validation" in line]
-    assert [v["step"] for v in validations] == [6, 12]
+    assert [v["step"] for v in validations] == [0, 6, 12]  # one_se: the starting model is a candidate
     assert 0 <= validations[0]["validation"]["ndcg@10"] <= 100
 
 
@@ -133,3 +133,33 @@ def test_bad_training_file_names_file_and_line(setup, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"query": "q", "positives": ["p"]}\n{broken\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2"):
         Trainer(setup(train_data=str(tmp_path / "bad.jsonl"))).train()
+
+
+def test_best_is_the_checkpoint_the_one_se_rule_chooses_and_only_its_band_is_kept(setup, tmp_path):
+    from rag_mag.retriever.selection import within_one_standard_error
+
+    result = Trainer(setup(steps=12, eval_every=3, save_every=3)).train()
+    state = json.loads((result.last_dir / "trainer_state.json").read_text())
+    candidates = {int(step): c["per_query"] for step, c in state["candidates"].items()}
+    chosen, band = within_one_standard_error(candidates)
+    assert result.best_metrics["step"] == chosen and sorted(candidates) == band
+    kept = sorted(int(p.name.removeprefix("step-")) for p in (tmp_path / "run" / "validated").iterdir())
+    assert kept == band  # checkpoints outside the band were deleted
+    weights = "model.safetensors"
+    assert (result.best_dir / weights).read_bytes() == \
+        (tmp_path / "run" / "validated" / f"step-{chosen}" / weights).read_bytes()
+    last = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()][-1]
+    assert last["chosen"] == chosen and last["band"] == band
+
+
+def test_the_max_rule_keeps_the_highest_validation_and_skips_step_0(setup, tmp_path):
+    result = Trainer(setup(selection="max")).train()
+    validations = [r for r in result.history if "validation" in r]
+    assert [r["step"] for r in validations] == [6, 12]
+    assert result.best_metrics["ndcg@10"] == max(r["validation"]["ndcg@10"] for r in validations)
+    assert not (tmp_path / "run" / "validated").exists()
+
+
+def test_an_unknown_selection_rule_is_refused():
+    with pytest.raises(ConfigError, match="valid rules are: one_se, max"):
+        TrainConfig(selection="latest")
