@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rag_mag import durable
 from rag_mag.bench.config import fingerprint
 from rag_mag.bench.datasets import EvalDataset, data_root, load_registry
 from rag_mag.data import read_corpus, read_eval, read_triples, write_jsonl
@@ -362,14 +363,36 @@ class CrossoverRunner:
         tested = spec.group in self.config.test_groups and \
             (spec.group not in self.config.test_last_only or step == spec.steps)
         for dataset in tests if tested else ():
-            mean, per_example = test_ndcg(encoder, dataset, trainer.bf16)
-            point["test"][dataset.name] = {"ndcg@10": mean, "per_example": per_example}
+            point["test"][dataset.name] = self._test_point(step, trainer, encoder, dataset)
         point["g"] = list(encoder.degrees.as_floats())
         curve_path.parent.mkdir(parents=True, exist_ok=True)
         with curve_path.open("a") as handle:
             handle.write(json.dumps(point) + "\n")
         logger.info("%s step %d: val nDCG@10 %.1f, test %s", spec.label, step, point["validation"]["ndcg@10"],
                     " ".join(f"{k}={v['ndcg@10']:.1f}" for k, v in point["test"].items()))
+
+    def _test_point(self, step: int, trainer, encoder, dataset: EvalDataset) -> dict:
+        """Test nDCG@10 of one checkpoint on one dataset.
+
+        Step 0 is the untrained encoder, and a positive scale per side (the norm calibration) changes no
+        ranking, so its test scores are the same for every run that starts from the same encoder under the
+        same treatment (strategy and degrees): measured once, then read from ``artifacts/crossover/step0/``.
+        """
+        cache = None
+        if step == 0:
+            config = trainer.config
+            key = fingerprint(encoder.config.strategy, encoder.degrees.as_floats(), config.base_model,
+                              config.pooling, config.query_max_length, config.document_max_length, trainer.bf16,
+                              dataset.name, [r.id for r in dataset.records], [p.id for p in dataset.corpus])
+            cache = self.work / "step0" / f"{key}.json"
+            if cache.is_file():
+                return json.loads(cache.read_text())
+        mean, per_example = test_ndcg(encoder, dataset, trainer.bf16)
+        result = {"ndcg@10": mean, "per_example": per_example}
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            durable.write_text(cache, json.dumps(result))
+        return result
 
     def collect(self) -> dict:
         """The finished cells of this config's runs (cells of runs no longer in the config are left out)."""

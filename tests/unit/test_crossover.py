@@ -159,6 +159,23 @@ def test_the_selection_rule_is_part_of_a_main_runs_key_only(study):
     assert keys["ablation_cosine_s0_2_gold"] == before["ablation_cosine_s0_2_gold"]
 
 
+def test_step_0_is_measured_once_per_starting_encoder(study, monkeypatch):
+    calls = []
+    measure = crossover_module.test_ndcg
+    monkeypatch.setattr(crossover_module, "test_ndcg", lambda encoder, dataset, bf16: calls.append(1) or
+                        measure(encoder, dataset, bf16))
+    runs = [{"group": "main", "strategies": ["qnorm"], "steps": 2}, {"group": "main", "strategies": ["qnorm"],
+                                                                     "steps": 4}]
+    result = CrossoverRunner(study(runs=runs, tuned=[]), "c.yaml").run()
+    short, long = ({p["step"]: p["test"]["toy"] for p in c["curve"]} for c in result["cells"])
+    assert sorted(long) == [0, 2, 4] and long[0] == short[0]  # the same untrained encoder (both seed 0)
+    assert len(calls) == 2 + 2  # steps 0 and 2, then 2 and 4: step 0 of the second run came from the cache
+    other = CrossoverRunner(study(runs=[{"group": "main", "strategies": ["cosine"], "steps": 2}], tuned=[]),
+                            "c.yaml").run()
+    assert len(calls) == 4 + 2  # another strategy ranks differently at step 0: measured, not read
+    assert other["cells"][0]["curve"][0]["step"] == 0
+
+
 def test_only_trains_the_named_runs_and_refuses_an_unknown_label(study):
     config = study(runs=[{"group": "main", "strategies": ["cosine", "qnorm"], "steps": 2}], tuned=[])
     with pytest.raises(ConfigError, match="no run labelled main_dot_s0_2 .* main_cosine_s0_2, main_qnorm_s0_2"):
