@@ -146,6 +146,10 @@ class Trainer:
         self.validated_dir = self.out / "validated"
         # one_se: the checkpoints it may still choose, by step: {"metrics": {...}, "per_query": [nDCG@10 ...]}
         self.candidates: dict[str, dict] = {}
+        self.step: int | None = None  # the step the weights are at, while train() runs
+        # the last validation (step, queries) -> scores: an on_step hook and the trainer validate the same
+        # weights at a checkpoint step, so the second asks for scores the first computed
+        self._last_validation: tuple[tuple, tuple[dict[str, float], list[float]]] | None = None
         self.device = torch.device("cpu")
         self.bf16 = False  # decided in train() from config.precision and the device
         self.data_fingerprint: dict[str, str | None] = {}
@@ -368,7 +372,6 @@ class Trainer:
         return step, state.get("best_metrics", {})
 
     # ---- validation
-    @torch.inference_mode()
     def validate(self, encoder: MagnitudeEncoder, validation: list[Triple]) -> dict[str, float]:
         """Rank the pool of all validation passages for each validation query (recall@k, nDCG@10)."""
         return self.validation_scores(encoder, validation)[0]
@@ -377,6 +380,9 @@ class Trainer:
     def validation_scores(self, encoder: MagnitudeEncoder, validation: list[Triple],
                           ) -> tuple[dict[str, float], list[float]]:
         """``validate``'s means, and each query's nDCG@10 (in percent)."""
+        key = (self.step, tuple(triple.query for triple in validation))
+        if self.step is not None and self._last_validation and self._last_validation[0] == key:
+            return self._last_validation[1]
         pool: dict[str, Passage] = {}
         for triple in validation:
             for passage in (*triple.positives, *triple.hard_negatives):
@@ -390,7 +396,9 @@ class Trainer:
                       for row, triple in zip(top, validation, strict=True)]
         scores = score_retrieval(judgements, ks=(1, 5, 20))
         per_query = [round(100.0 * float(v), 2) for v in scores.per_example["ndcg@10"]]
-        return {name: scores.means[name] for name in ("recall@1", "recall@5", "recall@20", "ndcg@10")}, per_query
+        result = {name: scores.means[name] for name in ("recall@1", "recall@5", "recall@20", "ndcg@10")}, per_query
+        self._last_validation = (key, result)
+        return result
 
     # ---- the loop
     def train(self) -> TrainResult:
@@ -399,6 +407,7 @@ class Trainer:
         try:
             return self._train()
         finally:
+            self.step = None
             self.group.leave()
 
     def _train(self) -> TrainResult:
@@ -436,6 +445,7 @@ class Trainer:
         encoder.config.training = config.to_dict()
         optimizer, scheduler = self._build_optimizer(encoder)
         step, best_metrics = self._resume(optimizer, scheduler) if resuming else (0, {})
+        self.step = step
         if resuming and main:
             logger.info("resuming %s from step %d of %d", self.last_dir, step, config.steps)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -462,6 +472,7 @@ class Trainer:
                 while step < config.steps:
                     record = self._step(encoder, loss_fn, optimizer, scheduler, train, step)
                     step += 1
+                    self.step = step
                     progress.update(1)
                     progress.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.2f}")
                     if on_step is not None:

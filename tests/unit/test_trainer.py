@@ -163,3 +163,21 @@ def test_the_max_rule_keeps_the_highest_validation_and_skips_step_0(setup, tmp_p
 def test_an_unknown_selection_rule_is_refused():
     with pytest.raises(ConfigError, match="valid rules are: one_se, max"):
         TrainConfig(selection="latest")
+
+
+def test_a_hook_and_the_trainer_validating_the_same_step_share_one_validation(setup, monkeypatch):
+    passes = []
+    score = trainer_module.score_retrieval
+    monkeypatch.setattr(trainer_module, "score_retrieval", lambda *a, **k: passes.append(1) or score(*a, **k))
+    trainer = Trainer(setup())
+    validation = trainer._load_data()[1]
+    hooked = {}
+    trainer.on_step = lambda step, encoder: hooked.setdefault(step, trainer.validation_scores(encoder, validation)) \
+        if step % 6 == 0 else None
+    result = trainer.train()
+    assert sorted(hooked) == [0, 6, 12] and len(passes) == 3  # steps 0, 6 and 12, each validated once
+    logged = {r["step"]: r["validation"] for r in result.history if "validation" in r}
+    assert all(logged[step] == hooked[step][0] for step in hooked)
+    passes.clear()
+    trainer.validate(MagnitudeEncoder.load(result.best_dir), validation)  # outside train(): always computed
+    assert len(passes) == 1
