@@ -132,6 +132,28 @@ def mean_pairwise_cosine(raw: torch.Tensor) -> float:
     return float((cosines.sum() - cosines.diagonal().sum()) / max(n * (n - 1), 1))
 
 
+# ----------------------------------------------------------------------------- validation
+@torch.inference_mode()
+def validation_scores(encoder: MagnitudeEncoder, validation: list[Triple], distractors: list[Passage] = (),
+                      bf16: bool = False) -> tuple[dict[str, float], list[float]]:
+    """Rank one pool for every validation query: recall@1/5/20 and nDCG@10 means, and each query's nDCG@10
+    (in percent). The pool is every validation query's positives and hard negatives, plus ``distractors``
+    (``eval/probe_validation.py`` widens it with the training passages); a query's positives are relevant."""
+    pool: dict[str, Passage] = {}
+    for passage in (*(p for triple in validation for p in (*triple.positives, *triple.hard_negatives)),
+                    *distractors):
+        pool.setdefault(passage.id, passage)
+    ids = list(pool)
+    documents = encoder.encode([pool[i].content for i in ids], "document", bf16=bf16)
+    queries = encoder.encode([t.query for t in validation], "query", bf16=bf16)
+    top = np.argsort(-(queries @ documents.T), axis=1)[:, :20]
+    judgements = [judge_supporting([ids[j] for j in row], [p.id for p in triple.positives])
+                  for row, triple in zip(top, validation, strict=True)]
+    scores = score_retrieval(judgements, ks=(1, 5, 20))
+    per_query = [round(100.0 * float(v), 2) for v in scores.per_example["ndcg@10"]]
+    return {name: scores.means[name] for name in ("recall@1", "recall@5", "recall@20", "ndcg@10")}, per_query
+
+
 # ----------------------------------------------------------------------------- trainer
 class Trainer:
     """``on_step(step, encoder)``, when given, runs at step 0 (fresh runs) and after every optimizer step: the
@@ -376,27 +398,13 @@ class Trainer:
         """Rank the pool of all validation passages for each validation query (recall@k, nDCG@10)."""
         return self.validation_scores(encoder, validation)[0]
 
-    @torch.inference_mode()
     def validation_scores(self, encoder: MagnitudeEncoder, validation: list[Triple],
                           ) -> tuple[dict[str, float], list[float]]:
         """``validate``'s means, and each query's nDCG@10 (in percent)."""
         key = (self.step, tuple(triple.query for triple in validation))
         if self.step is not None and self._last_validation and self._last_validation[0] == key:
             return self._last_validation[1]
-        pool: dict[str, Passage] = {}
-        for triple in validation:
-            for passage in (*triple.positives, *triple.hard_negatives):
-                pool.setdefault(passage.id, passage)
-        ids = list(pool)
-        documents = encoder.encode([pool[i].content for i in ids], "document", bf16=self.bf16)
-        queries = encoder.encode([t.query for t in validation], "query", bf16=self.bf16)
-        scores = queries @ documents.T
-        top = np.argsort(-scores, axis=1)[:, :20]
-        judgements = [judge_supporting([ids[j] for j in row], [p.id for p in triple.positives])
-                      for row, triple in zip(top, validation, strict=True)]
-        scores = score_retrieval(judgements, ks=(1, 5, 20))
-        per_query = [round(100.0 * float(v), 2) for v in scores.per_example["ndcg@10"]]
-        result = {name: scores.means[name] for name in ("recall@1", "recall@5", "recall@20", "ndcg@10")}, per_query
+        result = validation_scores(encoder, validation, bf16=self.bf16)
         self._last_validation = (key, result)
         return result
 

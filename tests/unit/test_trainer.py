@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from rag_mag.data import write_jsonl
+from rag_mag.data import Passage, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError, DataError, TrainingError
 from rag_mag.retriever import trainer as trainer_module
 from rag_mag.retriever.config import TrainConfig
@@ -181,3 +181,18 @@ def test_a_hook_and_the_trainer_validating_the_same_step_share_one_validation(se
     passes.clear()
     trainer.validate(MagnitudeEncoder.load(result.best_dir), validation)  # outside train(): always computed
     assert len(passes) == 1
+
+
+def test_validation_ranks_the_distractors_too(setup):
+    """A wider pool (eval/probe_validation.py) can only push the positives down: a passage that repeats the
+    query word for word outranks every positive under cosine."""
+    trainer = Trainer(setup(strategy="cosine"))
+    validation = trainer._load_data()[1]
+    encoder = MagnitudeEncoder.build(None, "cosine")
+    plain, plain_per_query = trainer_module.validation_scores(encoder, validation)
+    assert plain == trainer.validate(encoder, validation)
+    echoes = [Passage(id=f"echo{i}", title="", text=triple.query) for i, triple in enumerate(validation)]
+    widened, widened_per_query = trainer_module.validation_scores(encoder, validation, echoes)
+    assert plain["recall@1"] > 0 and widened["recall@1"] == 0
+    assert all(w <= p for w, p in zip(widened_per_query, plain_per_query, strict=True))
+    assert widened["ndcg@10"] < plain["ndcg@10"]
