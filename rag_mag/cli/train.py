@@ -12,10 +12,11 @@ from rag_mag.retriever.config import TrainConfig, add_dataclass_arguments, load_
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "train", help="train a magnitude-aware retriever with InfoNCE",
-        description="Fine-tune an encoder with InfoNCE under one similarity strategy. Writes OUT/best (best "
-                    "validation nDCG@10), OUT/last (resumable) and OUT/train_log.jsonl. Settings come from the "
-                    "defaults, then --config FILE (YAML or JSON with these field names), then the flags.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description="Fine-tune an encoder with InfoNCE under one similarity strategy. Writes OUT/best (the "
+                    "validated checkpoint --selection chooses: by default the earliest within one standard error "
+                    "of the best validation nDCG@10, the untrained step 0 included), OUT/last (resumable) and "
+                    "OUT/train_log.jsonl. Settings come from the defaults, then --config FILE (YAML or JSON with "
+                    "these field names), then the flags.")  # every flag's help states its own default
     parser.add_argument("--config", help="YAML or JSON file of training settings (field names as the flags, "
                                          "with underscores)")
     add_dataclass_arguments(parser, TrainConfig)

@@ -69,3 +69,12 @@ def test_encode_writes_treated_vectors_and_raw_norms(tmp_path):
     documents = np.load(tmp_path / "d.npz")
     assert list(documents["ids"]) == ["a", "b"]
     np.testing.assert_allclose(np.linalg.norm(documents["embeddings"], axis=1), documents["norms"], rtol=1e-5)
+
+
+def test_train_help_states_each_default_once(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "(default: None)" not in text
+    assert "optimizer steps (default: 200)" in text and "(default: 'one_se')" in text
+    assert "earliest within one standard error" in text
