@@ -26,21 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from rag_mag import durable  # noqa: E402
-from rag_mag.bench.crossover import load_crossover_config, load_test_sets  # noqa: E402
-from rag_mag.metrics.retrieval import score_retrieval  # noqa: E402
+from rag_mag.bench.crossover import load_crossover_config, load_test_sets, rank_test_set  # noqa: E402
 from rag_mag.retriever.encoder import MagnitudeEncoder  # noqa: E402
 
 OUT = REPO_ROOT / "eval" / "reports" / "probes"
-
-
-def rankings(encoder: MagnitudeEncoder, dataset, top_k: int = 20) -> tuple[list[list[int]], list[float]]:
-    """Each question's top ``top_k`` corpus positions, and its nDCG@10 in percent."""
-    documents = encoder.encode([p.content for p in dataset.corpus], "document", batch_size=256)
-    queries = encoder.encode([r.question for r in dataset.records], "query", batch_size=256)
-    top = np.argsort(-(queries @ documents.T), axis=1)[:, :top_k]
-    ids = [p.id for p in dataset.corpus]
-    scores = score_retrieval(dataset.judge_all([[ids[j] for j in row] for row in top]))
-    return top.tolist(), [100.0 * float(v) for v in scores.per_example["ndcg@10"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     second = MagnitudeEncoder.load(args.second)
     first = MagnitudeEncoder.build(None, second.config.strategy) if args.first == "base" \
         else MagnitudeEncoder.load(args.first)
-    (top_a, ndcg_a), (top_b, ndcg_b) = rankings(first, dataset), rankings(second, dataset)
-    change = np.asarray(ndcg_b) - np.asarray(ndcg_a)
+    (top_a, ndcg_a), (top_b, ndcg_b) = rank_test_set(first, dataset), rank_test_set(second, dataset)
+    ndcg_a, ndcg_b = 100.0 * np.asarray(ndcg_a), 100.0 * np.asarray(ndcg_b)  # in percent
+    change = ndcg_b - ndcg_a
     titles = [p.title for p in dataset.corpus]
     losses = []
     for index in np.argsort(change)[: args.show]:

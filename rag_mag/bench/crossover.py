@@ -149,17 +149,23 @@ def load_test_sets(config: CrossoverConfig) -> list[EvalDataset]:
 
 
 @torch.inference_mode()
-def test_ndcg(encoder, dataset: EvalDataset, bf16: bool, top_k: int = 20) -> tuple[float, list[float]]:
-    """nDCG@10 of the dataset's questions against its corpus (exact inner-product search)."""
+def rank_test_set(encoder, dataset: EvalDataset, bf16: bool = False, top_k: int = 20,
+                  ) -> tuple[list[list[int]], list[float]]:
+    """Each question's top ``top_k`` corpus positions (exact inner-product search) and its nDCG@10 (0 to 1)."""
     documents = torch.from_numpy(encoder.encode([p.content for p in dataset.corpus], "document", batch_size=256,
                                                 bf16=bf16)).to(encoder.device)
     queries = torch.from_numpy(encoder.encode([r.question for r in dataset.records], "query", batch_size=256,
                                               bf16=bf16)).to(encoder.device)
-    top = torch.topk(queries @ documents.T, k=min(top_k, documents.shape[0]), dim=1).indices.cpu().numpy()
+    top = torch.topk(queries @ documents.T, k=min(top_k, documents.shape[0]), dim=1).indices.cpu().tolist()
     ids = [p.id for p in dataset.corpus]
     scores = score_retrieval(dataset.judge_all([[ids[j] for j in row] for row in top]))
-    per_example = scores.per_example["ndcg@10"]
-    return 100.0 * float(np.mean(per_example)), [round(100.0 * float(v), 2) for v in per_example]
+    return top, [float(v) for v in scores.per_example["ndcg@10"]]
+
+
+def test_ndcg(encoder, dataset: EvalDataset, bf16: bool, top_k: int = 20) -> tuple[float, list[float]]:
+    """nDCG@10 of the dataset's questions against its corpus, in percent: the mean and each question's."""
+    per_example = rank_test_set(encoder, dataset, bf16, top_k)[1]
+    return 100.0 * float(np.mean(per_example)), [round(100.0 * v, 2) for v in per_example]
 
 
 class CrossoverRunner:

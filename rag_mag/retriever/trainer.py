@@ -28,7 +28,7 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -134,7 +134,7 @@ def mean_pairwise_cosine(raw: torch.Tensor) -> float:
 
 # ----------------------------------------------------------------------------- validation
 @torch.inference_mode()
-def validation_scores(encoder: MagnitudeEncoder, validation: list[Triple], distractors: list[Passage] = (),
+def validation_scores(encoder: MagnitudeEncoder, validation: list[Triple], distractors: Sequence[Passage] = (),
                       bf16: bool = False) -> tuple[dict[str, float], list[float]]:
     """Rank one pool for every validation query: recall@1/5/20 and nDCG@10 means, and each query's nDCG@10
     (in percent). The pool is every validation query's positives and hard negatives, plus ``distractors``
