@@ -14,12 +14,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "build-data", help="build training + validation triples from gold and filtered mined sources",
         description="Reads a data spec (eval/configs/train_data.yaml is the default recipe): gold pairs (HotpotQA "
                     "supporting paragraphs, NQ-open oracle passages), mined pairs only where the answer is "
-                    "specific, hard negatives that hold no answer. Questions of every evaluation file the spec "
+                    "specific, hard negatives that hold no answer (lexical, dense or both: --negative-miner). "
+                    "Questions of every evaluation file the spec "
                     "lists under `exclude` are dropped. Writes OUT/train.jsonl, OUT/val.jsonl (gold sources only), "
                     "OUT/ablation.jsonl (ablation-only sources) and OUT/stats.json.")
     parser.add_argument("spec", nargs="?", default="eval/configs/train_data.yaml",
                         help="data spec YAML (default: %(default)s)")
     parser.add_argument("--out", default=None, help="output folder (default: the spec's `out`)")
+    parser.add_argument("--negative-miner", choices=("bm25", "dense", "mixed"), default=None,
+                        help="the training rows' hard negatives: BM25's (lexical), an encoder's nearest passages "
+                             "(dense), or half each (mixed); validation keeps BM25's (default: the spec's "
+                             "`negative_miner`, else bm25)")
     parser.add_argument("--data-root", default=None, help="shared data folder (default: RAG_MAG_DATA_ROOT, "
                                                           "else ../shared/data)")
     return parser
@@ -29,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.bench.datasets import data_root
     from rag_mag.retriever.training_data import build_training_data, load_data_spec
 
-    spec = load_data_spec(args.spec, data_root(args.data_root), {"out": args.out} if args.out else None)
+    overrides = {"out": args.out} if args.out else {}
+    if args.negative_miner:
+        overrides["negative_miner"] = args.negative_miner
+    spec = load_data_spec(args.spec, data_root(args.data_root), overrides)
     summary = build_training_data(spec)
     print(json.dumps({"out": spec.out, "train": summary["train"], "val": summary["val"],
                       "sources": summary["sources"]}, indent=2))

@@ -13,8 +13,15 @@ into two triple files, ``train.jsonl`` and ``val.jsonl``, plus ``stats.json``:
   any passage a "positive").
 
 Hard negatives never contain a gold answer: given ones that do are dropped, and missing ones are
-filled from the BM25 ranking of ``negatives_corpus``. Every question of every ``exclude`` evaluation
-set is dropped from all sources, by SQuAD-normalized question text. The validation split is drawn
+filled from the BM25 ranking of ``negatives_corpus``. ``negative_miner`` says what the *training* rows end
+with: ``bm25`` keeps those lexical negatives; ``dense`` replaces them with the nearest answer-free passages
+of ``negatives_corpus`` under an encoder (``dense_model``, default the packaged base), passages that look
+close in meaning whether or not they share the question's words; ``mixed`` keeps half of each. A dense
+negative never shares a title with a positive (the same article is too often relevant). Validation rows
+always keep the lexical negatives, so recipes compare on one validation set.
+
+Every question of every ``exclude`` evaluation set is dropped from all sources, by SQuAD-normalized
+question text. The validation split is drawn
 from gold sources only (mined positives are noisy judges) and is the same for every source mix.
 """
 
@@ -37,6 +44,7 @@ from rag_mag.metrics.answers import contains_answer, normalize_answer
 logger = logging.getLogger(__name__)
 
 SOURCE_KINDS = ("triples", "gold", "mined")
+NEGATIVE_MINERS = ("bm25", "dense", "mixed")
 UNFILTERED_TOP_K = 100  # what `rag-mag mine` searches
 GENERIC_ANSWERS = frozenset({"yes", "no", "none", "unknown", "true", "false"})
 
@@ -71,6 +79,8 @@ class DataSpec:
     exclude: list[str] = field(default_factory=list)    # evaluation JSONL files (their questions never train)
     negatives_corpus: str = ""                           # where missing hard negatives are mined from
     hard_negatives: int = 4
+    negative_miner: str = "bm25"                         # the training rows' negatives: bm25, dense or mixed
+    dense_model: str = ""                                # dense/mixed: a rag-mag checkpoint or base model folder
     negative_top_k: int = 50
     positive_top_k: int = 20
     max_answer_passages: int = 20
@@ -90,6 +100,11 @@ class DataSpec:
         for name in ("negative_top_k", "positive_top_k", "max_answer_passages", "min_answer_chars"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.negative_miner not in NEGATIVE_MINERS:
+            raise ConfigError(f"negative_miner must be one of {', '.join(NEGATIVE_MINERS)}, "
+                              f"got {self.negative_miner!r}")
+        if self.negative_miner != "bm25" and not self.negatives_corpus:
+            raise ConfigError(f"negative_miner {self.negative_miner!r} needs a negatives_corpus to search")
 
 
 def load_data_spec(path: str | Path, data_root: Path | None, overrides: dict[str, Any] | None = None) -> DataSpec:
@@ -115,6 +130,7 @@ def load_data_spec(path: str | Path, data_root: Path | None, overrides: dict[str
                    for source in raw.pop("sources", [])]
         raw["exclude"] = [resolve(p) for p in raw.get("exclude", [])]
         raw["negatives_corpus"] = resolve(raw.get("negatives_corpus", ""))
+        raw["dense_model"] = resolve(raw.get("dense_model", ""))
         return DataSpec(sources=sources, **raw)
     except TypeError as error:
         raise ConfigError(f"invalid data spec {path}: {error}") from None
@@ -159,6 +175,7 @@ class SourceStats:
     excluded_eval_overlap: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     negatives_with_answer_dropped: int = 0
+    dense_negatives: int = 0   # training rows' negatives that the dense miner found
     written: int = 0
 
     def drop(self, reason: str) -> None:
@@ -177,6 +194,33 @@ class _NegativeMiner:
     def ranked(self, questions: Sequence[str], k: int) -> list[list[Passage]]:
         rows, _ = self.index.search(list(questions), k)
         return [[self.corpus[int(i)] for i in row] for row in rows]
+
+
+class _DenseNegativeMiner:
+    """The nearest passages of the negatives corpus under an encoder (its own similarity), encoded once."""
+
+    def __init__(self, corpus_path: str, model: str, bf16: bool = False) -> None:
+        from rag_mag.retriever.encoder import CONFIG_NAME, MagnitudeEncoder
+
+        self.bf16 = bf16
+        self.encoder = (MagnitudeEncoder.load(model) if model and (Path(model) / CONFIG_NAME).is_file()
+                        else MagnitudeEncoder.build(model or None))
+        self.corpus = read_corpus(corpus_path)
+        logger.info("dense negatives: encoding %d passages of %s", len(self.corpus), corpus_path)
+        self.documents = self.encoder.encode([p.content for p in self.corpus], "document", show_progress=True,
+                                             bf16=bf16)
+
+    def ranked(self, questions: Sequence[str], k: int) -> list[list[Passage]]:
+        import numpy as np
+
+        queries = self.encoder.encode(list(questions), "query", bf16=self.bf16)
+        rows = []
+        for start in range(0, len(queries), 256):
+            scores = queries[start:start + 256] @ self.documents.T
+            top = np.argpartition(-scores, min(k, scores.shape[1] - 1), axis=1)[:, :k]
+            for row_scores, row in zip(scores, top, strict=True):
+                rows.append([self.corpus[int(i)] for i in row[np.argsort(-row_scores[row])]])
+        return rows
 
 
 def _record(query_id: str, query: str, answers: Sequence[str], positives: Sequence[Passage],
@@ -216,6 +260,8 @@ def build_training_data(spec: DataSpec) -> dict[str, Any]:
                     len(candidates), len(kept), len(rows_by_source[source.name]))
     rows_by_source = _fill_negatives(rows_by_source, spec, stats, miner)
     train, validation, ablation = _split(rows_by_source, spec, stats)
+    if spec.negative_miner != "bm25" and spec.hard_negatives:
+        _dense_negatives(train + ablation, spec, stats)
     out = Path(spec.out)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "val.jsonl", validation)
@@ -307,6 +353,29 @@ def _fill_negatives(rows_by_source: dict[str, list[dict]], spec: DataSpec, stats
                 row["hard_negatives"].append({"id": passage.id, "title": passage.title, "text": passage.text})
                 taken.add(passage.id)
     return rows_by_source
+
+
+def _dense_negatives(rows: list[dict], spec: DataSpec, stats: dict[str, SourceStats]) -> None:
+    """Give each training row ``hard_negatives`` negatives: for ``mixed`` the first half (rounded up) of its
+    lexical ones, then answer-free dense neighbours that share no positive's id, text or title."""
+    from rag_mag.precision import use_bf16
+
+    miner = _DenseNegativeMiner(spec.negatives_corpus, spec.dense_model, bf16=use_bf16("auto"))
+    keep = (spec.hard_negatives + 1) // 2 if spec.negative_miner == "mixed" else 0
+    for row, ranked in zip(rows, miner.ranked([r["query"] for r in rows], spec.negative_top_k), strict=True):
+        row["hard_negatives"] = row["hard_negatives"][:keep]
+        taken = {p["id"] for p in row["positives"]} | {p["text"] for p in row["positives"]}
+        taken |= {n["id"] for n in row["hard_negatives"]} | {n["text"] for n in row["hard_negatives"]}
+        titles = {p["title"] for p in row["positives"] if p["title"]}
+        for passage in ranked:
+            if len(row["hard_negatives"]) >= spec.hard_negatives:
+                break
+            if (passage.id in taken or passage.text in taken or passage.title in titles
+                    or contains_answer(passage.content, row["answers"])):
+                continue
+            row["hard_negatives"].append({"id": passage.id, "title": passage.title, "text": passage.text})
+            taken |= {passage.id, passage.text}
+            stats[row["source"]].dense_negatives += 1
 
 
 def _split(rows_by_source: dict[str, list[dict]], spec: DataSpec,

@@ -9,6 +9,7 @@ import pytest
 
 from rag_mag.data import Passage
 from rag_mag.errors import ConfigError
+from rag_mag.metrics.answers import contains_answer
 from rag_mag.retriever.training_data import (
     AnswerFrequency,
     DataSpec,
@@ -116,6 +117,42 @@ def test_ablation_only_sources_never_reach_the_training_file(files):
     assert not {"m2", "m3"} & {row["id"] for row in read(out / "train.jsonl")}
 
 
+@pytest.mark.parametrize("miner", ["mixed", "dense"])
+def test_dense_negatives_replace_lexical_ones_in_training_rows_only(files, tmp_path: Path, miner: str):
+    from tests.tiny import tiny_encoder
+
+    # A corpus small enough that the dense miner ranks all of it: every eligible passage is taken, so a rule
+    # that let through a positive's title ("T") or an answer would show.
+    corpus = [passage(f"c{i}", f"the river {i} of the city of rome in italy", title=f"C{i}") for i in range(3)]
+    corpus.append(passage("same_title", "the capital city of the river", title="T"))
+    corpus.append(passage("answer", "Madrid and the Seine and gold1 gold2 gold3 gold4 gold5", title="A"))
+    files["corpus"] = write(tmp_path / "titled.jsonl", corpus)
+    model = tmp_path / "model"
+    tiny_encoder(tmp_path / "tiny").save(model)
+    build_training_data(spec(files, hard_negatives=4, negative_top_k=50))
+    out = Path(files["out"])
+    lexical_train, lexical_val = read(out / "train.jsonl"), read(out / "val.jsonl")
+    stats = build_training_data(spec(files, hard_negatives=4, negative_top_k=50, negative_miner=miner,
+                                     dense_model=str(model), out=str(tmp_path / miner)))
+    train, val = read(tmp_path / miner / "train.jsonl"), read(tmp_path / miner / "val.jsonl")
+    assert val == lexical_val                       # validation keeps its lexical negatives
+    assert [row["id"] for row in train] == [row["id"] for row in lexical_train]
+    assert any("T" in {p["title"] for p in row["positives"]} for row in train)  # the title rule is exercised
+    keep = 2 if miner == "mixed" else 0
+    dense_total = 0
+    for row, lexical in zip(train, lexical_train, strict=True):
+        kept = lexical["hard_negatives"][:keep]
+        assert row["hard_negatives"][:len(kept)] == kept
+        dense = row["hard_negatives"][len(kept):]
+        titles = {positive["title"] for positive in row["positives"]}
+        eligible = [c for c in corpus if c["title"] not in titles and c["id"] not in {n["id"] for n in kept}
+                    and not contains_answer(c["text"], row["answers"])]
+        assert {n["id"] for n in dense} <= {c["id"] for c in eligible}
+        assert len(dense) == min(4 - len(kept), len(eligible))
+        dense_total += len(dense)
+    assert dense_total and sum(s["dense_negatives"] for s in stats["sources"].values()) == dense_total
+
+
 def test_answer_problems_and_frequency():
     assert answer_problem(["Yes"], 2) == "yes/no or generic"
     assert answer_problem(["a"], 2) == "too short"
@@ -135,6 +172,10 @@ def test_bad_specs_get_one_clear_error(files, tmp_path: Path):
         SourceSpec(name="x", kind="mined", path="p")
     with pytest.raises(ConfigError, match="unique"):
         spec(files, sources=[SourceSpec(name="a", kind="triples", path="p")] * 2)
+    with pytest.raises(ConfigError, match="negative_miner must be one of bm25, dense, mixed"):
+        spec(files, negative_miner="random")
+    with pytest.raises(ConfigError, match="needs a negatives_corpus"):
+        spec(files, negative_miner="dense", negatives_corpus="")
     with pytest.raises(ConfigError, match="does not exist"):
         load_data_spec(tmp_path / "missing.yaml", None)
     bad = tmp_path / "bad.yaml"
