@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.errors import CheckpointError, ConfigError
 
 
@@ -18,7 +19,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "ask", help="answer a question from the index (runs pipelines/rag.yaml)",
         description="Retrieve passages for a question, answer with the LLM served by vLLM, and print the answer "
                     "with its ranked sources: score = cosine x query norm x document norm.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("question", help="the question, in quotes")
     parser.add_argument("--index", default=str(default_index_dir()),
                         help="index folder (from `rag-mag index`); for pipelines that read a FAISS index")

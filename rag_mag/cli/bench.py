@@ -6,6 +6,8 @@ import argparse
 import shlex
 import sys
 
+from rag_mag.cli import DefaultsHelpFormatter
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -15,7 +17,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "rag_multihop.yaml, your own) with every retriever, answering with the vLLM server (started "
                     "if needed), score EM/F1 and retrieval, and write report.md, results.json and plots under "
                     "eval/reports/<name>/. Interrupted runs resume: finished cells and generations are reused.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("config", help="benchmark YAML, e.g. eval/configs/quick.yaml")
     parser.add_argument("--output-dir", help="write the report here instead of eval/reports/<name>")
     parser.add_argument("--llm-url", help="use this vLLM server (default: RAG_MAG_VLLM_URL or 127.0.0.1:8000)")

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from rag_mag.cli import DefaultsHelpFormatter
+
 logger = logging.getLogger(__name__)
 
 
@@ -16,7 +18,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "is measured at its checkpoint steps on held-out training queries and on the test sets. "
                     "Finished runs are cached as cells; run the same command again to resume. Needs the "
                     "training data of `rag-mag build-data` first.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("config", help="crossover config YAML")
     parser.add_argument("--time-budget", type=float, default=0.0, metavar="SECONDS",
                         help="start no new run after this many seconds (0: no limit); the report covers what is done")

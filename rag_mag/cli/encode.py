@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_mag import durable
+from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.errors import ConfigError
 
 
@@ -17,7 +18,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "encode", help="embed texts or a corpus with a trained retriever (writes .npz)",
         description="Embed texts with a retriever checkpoint and write OUT.npz with `ids`, `embeddings` (treated "
                     "as the strategy serves them unless --raw) and `norms` (raw L2 norms), and print a summary.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--retriever", required=True, help="checkpoint folder (or a training output folder)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help="corpus JSONL {id, title, text}; encoded as documents")

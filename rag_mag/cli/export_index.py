@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.errors import CheckpointError
 
 
@@ -16,7 +17,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "collection with dot-product similarity, embedded in a local folder (--qdrant) or on a Qdrant "
                     "server (--url; the API key, if any, is read from $QDRANT_API_KEY). Needs the vectordb extra: "
                     "pip install 'rag-mag[vectordb]'.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("index", metavar="INDEX_DIR", help="index folder (from `rag-mag index`)")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--qdrant", metavar="DIR", help="folder of an embedded Qdrant (created if missing)")

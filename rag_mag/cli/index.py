@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+from rag_mag.cli import DefaultsHelpFormatter
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.components.faiss_index import AUTO_APPROXIMATE_FROM, INDEX_TYPES
@@ -27,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "under torchrun) each process encodes one of N shards; the one that finishes last merges "
                     "them. The same result as pipelines/indexing.yaml (`rag-mag run`), which holds everything "
                     "in memory.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--retriever", default=str(default_retriever_dir()),
                         help="retriever checkpoint folder (written by `rag-mag train`)")
     parser.add_argument("--corpus", default=str(REPO_ROOT / "data" / "sample" / "corpus.jsonl"),

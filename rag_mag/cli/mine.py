@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 
+from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.data import read_corpus, read_eval, read_pairs, write_jsonl
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="For each question, BM25 ranks the corpus: the best passages containing a gold answer become "
                     "positives, the best passages containing none become hard negatives. Questions found in any "
                     "--exclude evaluation file (by id or normalized text) are dropped.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--pairs", required=True, help="JSONL of {question, answer|answers} (.gz is fine)")
     parser.add_argument("--corpus", required=True, help="corpus JSONL {id, title, text} (.gz is fine)")
     parser.add_argument("--out", required=True, help="output triples JSONL")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.errors import ConfigError
 
 
@@ -18,7 +19,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "a pipeline may also declare short names such as index=DIR), run it with the --input JSON, "
                     "and print the outputs as JSON. A top-level \"question\" in --input goes to every socket the "
                     "pipeline declares for it.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("pipeline", help="pipeline YAML file, e.g. pipelines/rag.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
                         help="override a component parameter before the pipeline is built (repeatable)")

@@ -78,3 +78,17 @@ def test_train_help_states_each_default_once(capsys):
     assert "(default: None)" not in text
     assert "optimizer steps (default: 200)" in text and "(default: 'one_se')" in text
     assert "earliest within one standard error" in text
+
+
+@pytest.mark.parametrize("command", ["mine", "build-data", "encode", "index", "export-index", "ask", "run", "bench",
+                                     "crossover", "serve", "serve-llm", "quickstart"])
+def test_every_help_states_a_default_at_most_once_and_never_none(capsys, command: str):
+    import re
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text
+    # one entry per flag: from one "  --flag" to the next
+    for entry in re.split(r" (?=--?[a-z][a-z-]* )", text):
+        assert entry.count("(default") <= 1, entry
