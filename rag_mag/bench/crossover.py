@@ -338,7 +338,12 @@ class CrossoverRunner:
         if not wanted:
             raise ConfigError(f"`tuned` names {', '.join(self.config.tuned)}, but the config has no tuning runs; "
                               "add a run with group: tuning and a grid, or remove `tuned`")
-        cells = [c for c in self.collect()["cells"] if c["run"]["group"] == "tuning"]
+        cells = []
+        for tuning in (s for s in specs if s.group == "tuning"):
+            path = self.cells_dir / f"{tuning.label}.json"
+            cell = json.loads(path.read_text().splitlines()[0]) if path.is_file() else {}
+            if cell.get("key") == self._key(tuning, self._train_file(tuning)):  # not one of an earlier recipe
+                cells.append(cell)
         if set(wanted) - {c["label"] for c in cells}:
             return None
         tuned = {}
@@ -401,10 +406,38 @@ class CrossoverRunner:
         return result
 
     def collect(self) -> dict:
-        """The finished cells of this config's runs (cells of runs no longer in the config are left out)."""
-        labels = [spec.label for spec in self.config.run_specs()]
-        cells = [json.loads(p.read_text().splitlines()[0]) for p in sorted(self.cells_dir.glob("*.json"))
-                 if p.stem in labels]
+        """The finished cells of this config's runs, each only if its key matches what the run would be now
+        (cells of runs no longer in the config, or trained on other data or settings, are left out: after
+        the recipe changes, an old cell is never reported, nor does it tune a new run).
+
+        Without the training data (a fresh clone) keys cannot be checked; the cells are reported as they
+        are, with a warning."""
+        specs = self.config.run_specs()
+        checkable = all(Path(path).is_file() for path in (self.config.train_data, self.config.val_data))
+        if not checkable:
+            logger.warning("cannot check the finished cells against the training data (%s or %s is missing): "
+                           "reporting them as they are", self.config.train_data, self.config.val_data)
+        cells, stale = [], []
+        for spec in sorted(specs, key=lambda spec: spec.label):
+            path = self.cells_dir / f"{spec.label}.json"
+            if not path.is_file():
+                continue
+            cell = json.loads(path.read_text().splitlines()[0])
+            if checkable and cell.get("key") != self._current_key(spec, specs):
+                stale.append(spec.label)
+            else:
+                cells.append(cell)
+        if stale:
+            logger.warning("%d finished cells were trained on other data or settings and are left out (they "
+                           "train again): %s", len(stale), ", ".join(stale))
         done = {cell["label"] for cell in cells}
-        return {"config": asdict(self.config), "cells": cells, "planned": len(labels),
-                "pending": [label for label in labels if label not in done]}
+        return {"config": asdict(self.config), "cells": cells, "planned": len(specs),
+                "pending": [spec.label for spec in specs if spec.label not in done]}
+
+    def _current_key(self, spec: RunSpec, specs: list[RunSpec]) -> str | None:
+        """The key ``spec`` would train under now; None while its tuning runs are unfinished."""
+        if spec.group != "tuning" and self.config.tuned:
+            spec = self._with_tuned(spec, specs)
+            if spec is None:
+                return None
+        return self._key(spec, self._train_file(spec))

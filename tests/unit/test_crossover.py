@@ -196,6 +196,26 @@ def test_runs_that_need_tuning_first_and_bad_configs_are_refused(study):
                                      "sources": ["nowhere"]}], tuned=[]), "c.yaml").run()
 
 
+def test_cells_of_an_earlier_recipe_are_neither_reported_nor_used_for_tuning(study, tmp_path, caplog):
+    config = study(runs=[{"group": "tuning", "strategies": ["cosine"], "steps": 2,
+                          "grid": {"learning_rate": [1e-5, 1e-3]}},
+                         {"group": "main", "strategies": ["cosine"], "steps": 2}])
+    first = CrossoverRunner(config, "c.yaml").run()
+    assert len(first["cells"]) == 3 and not first["pending"]
+    # the recipe changes: the same labels, other training triples
+    train = tmp_path / "train.jsonl"
+    train.write_text(train.read_text() + json.dumps(triple(999, "gold")) + "\n")
+    stale = CrossoverRunner(config, "c.yaml").collect()
+    assert stale["cells"] == [] and len(stale["pending"]) == 3
+    assert "3 finished cells were trained on other data or settings" in caplog.text
+    # a main run does not take its learning rate from the old tuning cells: it waits for new ones
+    assert CrossoverRunner(config, "c.yaml")._with_tuned(config.run_specs()[-1], config.run_specs()) is None
+    # without the training data (a fresh clone) the cells cannot be checked and are reported as they are
+    train.unlink()
+    unchecked = CrossoverRunner(config, "c.yaml").collect()
+    assert len(unchecked["cells"]) == 3 and "cannot check the finished cells" in caplog.text
+
+
 def test_tuning_runs_listed_last_still_go_first(study):
     config = study(runs=[{"group": "main", "strategies": ["qnorm"], "steps": 2},
                          {"group": "tuning", "strategies": ["qnorm"], "steps": 2,
