@@ -11,7 +11,8 @@ evaluation question, so they may inform a recipe choice.
 * ``wide_pool``: the starting model (``a = 0``) and the checkpoint (``a = 1``), or the ``--wide-alphas``
   mixes, ranking a pool widened by every passage of the training triples (16,016 instead of the 1,924 of
   the 300 validation queries): closer to searching a real corpus, where the rare name in a question has to
-  be found among many passages.
+  be found among many passages. ``--versus OTHER`` ranks that pool with a second checkpoint too (another
+  recipe's), so the band and the paired standard error compare the two recipes query by query.
 
     cp -r artifacts/crossover/runs/29df483fc83f/validated/step-200 artifacts/probes/cosine_s0_step200
     .venv/bin/python eval/probe_validation.py artifacts/probes/cosine_s0_step200 --name cosine_s0_step200
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="mixing weights of the trained model, ascending (0: the starting model)")
     parser.add_argument("--wide-alphas", type=float, nargs="+", default=[0.0, 1.0],
                         help="mixing weights ranked against the wide pool, ascending")
+    parser.add_argument("--versus", default=None, metavar="CHECKPOINT",
+                        help="wide_pool: also rank with this checkpoint (another recipe's), paired by query")
     parser.add_argument("--probes", nargs="+", choices=("interpolation", "wide_pool"),
                         default=["interpolation", "wide_pool"])
     args = parser.parse_args(argv)
@@ -121,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
             trained.load_state_dict(mixed(start_state, trained_state, alpha))
             scores[alpha] = validation_scores(trained, validation, distractors)[1]
             print(f"alpha {alpha}: wide-pool nDCG@10 {np.mean(scores[alpha]):.3f}", flush=True)
-        report["wide_pool"] = {"pool_added": len({p.id for p in distractors}), "rows": band_rows(scores, "alpha")}
+        if args.versus:
+            label = f"versus {args.versus}"
+            scores[label] = validation_scores(MagnitudeEncoder.load(args.versus), validation, distractors)[1]
+            print(f"{label}: wide-pool nDCG@10 {np.mean(scores[label]):.3f}", flush=True)
+        report["wide_pool"] = {"pool_added": len({p.id for p in distractors}), "rows": band_rows(scores, "alpha"),
+                               "per_query": {str(key): values for key, values in scores.items()}}
         print_rows(f"wide pool (+{report['wide_pool']['pool_added']} training passages)", report["wide_pool"]["rows"])
 
     path = OUT / f"{args.name}.json"
