@@ -181,6 +181,10 @@ class CrossoverRunner:
         source = Path(self.config.train_data)
         if not spec.sources and spec.fraction >= 1:
             return source
+        digest = fingerprint(str(source), self.config.ablation_data, spec.sources, spec.fraction, source.stat().st_size)
+        target = self.work / "train" / f"{digest}.jsonl"
+        if target.is_file():
+            return target
         files = [source, Path(self.config.ablation_data)] if spec.sources and self.config.ablation_data else [source]
         rows = [json.loads(line) for path in files for line in path.read_text().splitlines() if line.strip()]
         if spec.sources:
@@ -190,10 +194,7 @@ class CrossoverRunner:
             rows = [rows[i] for i in sorted(order[: max(1, int(len(rows) * spec.fraction))])]
         if not rows:
             raise ConfigError(f"run {spec.label}: no training triples left (sources {spec.sources})")
-        digest = fingerprint(str(source), self.config.ablation_data, spec.sources, spec.fraction, source.stat().st_size)
-        target = self.work / "train" / f"{digest}.jsonl"
-        if not target.is_file():
-            write_jsonl(target, rows)
+        write_jsonl(target, rows)
         return target
 
     def _train_config(self, spec: RunSpec, train_file: Path, run_dir: Path) -> TrainConfig:
@@ -268,9 +269,13 @@ class CrossoverRunner:
                            train_file.stat().st_size, Path(self.config.val_data).stat().st_size, *last_only,
                            *selection)
 
+    def _cell(self, label: str) -> dict:
+        """A run's finished cell ({} if there is none)."""
+        path = self.cells_dir / f"{label}.json"
+        return json.loads(path.read_text().splitlines()[0]) if path.is_file() else {}
+
     def _finished(self, spec: RunSpec, key: str) -> bool:
-        cell_path = self.cells_dir / f"{spec.label}.json"
-        return cell_path.is_file() and json.loads(cell_path.read_text()).get("key") == key
+        return self._cell(spec.label).get("key") == key
 
     @contextlib.contextmanager
     def _claim(self, key: str) -> Iterator[bool]:
@@ -340,8 +345,7 @@ class CrossoverRunner:
                               "add a run with group: tuning and a grid, or remove `tuned`")
         cells = []
         for tuning in (s for s in specs if s.group == "tuning"):
-            path = self.cells_dir / f"{tuning.label}.json"
-            cell = json.loads(path.read_text().splitlines()[0]) if path.is_file() else {}
+            cell = self._cell(tuning.label)
             if cell.get("key") == self._key(tuning, self._train_file(tuning)):  # not one of an earlier recipe
                 cells.append(cell)
         if set(wanted) - {c["label"] for c in cells}:
@@ -419,10 +423,9 @@ class CrossoverRunner:
                            "reporting them as they are", self.config.train_data, self.config.val_data)
         cells, stale = [], []
         for spec in sorted(specs, key=lambda spec: spec.label):
-            path = self.cells_dir / f"{spec.label}.json"
-            if not path.is_file():
+            cell = self._cell(spec.label)
+            if not cell:
                 continue
-            cell = json.loads(path.read_text().splitlines()[0])
             if checkable and cell.get("key") != self._current_key(spec, specs):
                 stale.append(spec.label)
             else:

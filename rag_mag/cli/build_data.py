@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 
+from rag_mag.retriever.training_data import NEGATIVE_MINERS
+
 logger = logging.getLogger(__name__)
 
 
@@ -21,7 +23,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("spec", nargs="?", default="eval/configs/train_data.yaml",
                         help="data spec YAML (default: %(default)s)")
     parser.add_argument("--out", default=None, help="output folder (default: the spec's `out`)")
-    parser.add_argument("--negative-miner", choices=("bm25", "dense", "mixed"), default=None,
+    parser.add_argument("--negative-miner", choices=NEGATIVE_MINERS, default=None,
                         help="the training rows' hard negatives: BM25's (lexical), an encoder's nearest passages "
                              "(dense), or half each (mixed); validation keeps BM25's (default: the spec's "
                              "`negative_miner`, else bm25)")
