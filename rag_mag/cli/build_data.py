@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from rag_mag.retriever.training_data import NEGATIVE_MINERS
+from rag_mag.retriever.training_data import NEGATIVE_MINERS, POSITIVE_CHOICES
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="the training rows' hard negatives: BM25's (lexical), an encoder's nearest passages "
                              "(dense), or half each (mixed); validation keeps BM25's (default: the spec's "
                              "`negative_miner`, else bm25)")
+    parser.add_argument("--positives", choices=POSITIVE_CHOICES, default=None,
+                        help="the training rows' positives: all, or where a row has several only those whose title "
+                             "the question names (linked); validation keeps all (default: the spec's `positives`, "
+                             "else all)")
     parser.add_argument("--data-root", default=None, help="shared data folder (default: RAG_MAG_DATA_ROOT, "
                                                           "else ../shared/data)")
     return parser
@@ -39,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"out": args.out} if args.out else {}
     if args.negative_miner:
         overrides["negative_miner"] = args.negative_miner
+    if args.positives:
+        overrides["positives"] = args.positives
     spec = load_data_spec(args.spec, data_root(args.data_root), overrides)
     summary = build_training_data(spec)
     print(json.dumps({"out": spec.out, "train": summary["train"], "val": summary["val"],

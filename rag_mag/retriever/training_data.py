@@ -20,6 +20,13 @@ close in meaning whether or not they share the question's words; ``mixed`` keeps
 negative never shares a title with a positive (the same article is too often relevant). Validation rows
 always keep the lexical negatives, so recipes compare on one validation set.
 
+``positives`` says which of a training row's positives the trainer may sample: ``all``, or ``linked``:
+where a row has several (HotpotQA's two supporting paragraphs), only those whose title the question
+names. A bridge paragraph, reachable only through the first one, is then no longer a target for the
+question alone (a single retrieval round cannot find it from the question's words; the multi-hop
+pipeline's second round searches with the first passages). A row where no title is named keeps all of
+its positives. Validation rows keep all of theirs.
+
 Every question of every ``exclude`` evaluation set is dropped from all sources, by SQuAD-normalized
 question text. The validation split is drawn
 from gold sources only (mined positives are noisy judges) and is the same for every source mix.
@@ -45,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE_KINDS = ("triples", "gold", "mined")
 NEGATIVE_MINERS = ("bm25", "dense", "mixed")
+POSITIVE_CHOICES = ("all", "linked")
 UNFILTERED_TOP_K = 100  # what `rag-mag mine` searches
 GENERIC_ANSWERS = frozenset({"yes", "no", "none", "unknown", "true", "false"})
 
@@ -81,6 +89,7 @@ class DataSpec:
     hard_negatives: int = 4
     negative_miner: str = "bm25"                         # the training rows' negatives: bm25, dense or mixed
     dense_model: str = ""                                # dense/mixed: a rag-mag checkpoint or base model folder
+    positives: str = "all"                               # training rows: all positives, or question-linked ones
     negative_top_k: int = 50
     positive_top_k: int = 20
     max_answer_passages: int = 20
@@ -103,6 +112,8 @@ class DataSpec:
         if self.negative_miner not in NEGATIVE_MINERS:
             raise ConfigError(f"negative_miner must be one of {', '.join(NEGATIVE_MINERS)}, "
                               f"got {self.negative_miner!r}")
+        if self.positives not in POSITIVE_CHOICES:
+            raise ConfigError(f"positives must be one of {', '.join(POSITIVE_CHOICES)}, got {self.positives!r}")
         if self.negative_miner != "bm25" and not self.negatives_corpus:
             raise ConfigError(f"negative_miner {self.negative_miner!r} needs a negatives_corpus to search")
 
@@ -176,6 +187,7 @@ class SourceStats:
     dropped: dict[str, int] = field(default_factory=dict)
     negatives_with_answer_dropped: int = 0
     dense_negatives: int = 0   # training rows' negatives that the dense miner found
+    unlinked_positives_dropped: int = 0  # positives: linked
     written: int = 0
 
     def drop(self, reason: str) -> None:
@@ -262,6 +274,8 @@ def build_training_data(spec: DataSpec) -> dict[str, Any]:
     train, validation, ablation = _split(rows_by_source, spec, stats)
     if spec.negative_miner != "bm25" and spec.hard_negatives:
         _dense_negatives(train + ablation, spec, stats)
+    if spec.positives == "linked":
+        _keep_linked_positives(train + ablation, stats)
     out = Path(spec.out)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "val.jsonl", validation)
@@ -376,6 +390,26 @@ def _dense_negatives(rows: list[dict], spec: DataSpec, stats: dict[str, SourceSt
             row["hard_negatives"].append({"id": passage.id, "title": passage.title, "text": passage.text})
             taken |= {passage.id, passage.text}
             stats[row["source"]].dense_negatives += 1
+
+
+def _title_words(title: str) -> str:
+    """A title as the question would name it: without a disambiguation such as "(album)", normalized."""
+    return normalize_answer(re.sub(r"\s*\([^)]*\)", " ", title))
+
+
+def linked_positives(query: str, positives: list[dict]) -> list[dict]:
+    """The positives whose title the question names (as whole words), or all of them if it names none."""
+    question = f" {normalize_answer(query)} "
+    linked = [p for p in positives if (words := _title_words(p["title"])) and f" {words} " in question]
+    return linked or positives
+
+
+def _keep_linked_positives(rows: list[dict], stats: dict[str, SourceStats]) -> None:
+    for row in rows:
+        if len(row["positives"]) > 1:
+            kept = linked_positives(row["query"], row["positives"])
+            stats[row["source"]].unlinked_positives_dropped += len(row["positives"]) - len(kept)
+            row["positives"] = kept
 
 
 def _split(rows_by_source: dict[str, list[dict]], spec: DataSpec,

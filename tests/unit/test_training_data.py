@@ -16,6 +16,7 @@ from rag_mag.retriever.training_data import (
     SourceSpec,
     answer_problem,
     build_training_data,
+    linked_positives,
     load_data_spec,
 )
 
@@ -153,6 +154,29 @@ def test_dense_negatives_replace_lexical_ones_in_training_rows_only(files, tmp_p
     assert dense_total and sum(s["dense_negatives"] for s in stats["sources"].values()) == dense_total
 
 
+def test_linked_positives_keep_what_the_question_names_in_training_rows_only(files, tmp_path: Path):
+    bridge = [passage("k1", "Kiss and Tell is a 1945 comedy film", title="Kiss and Tell (1945 film)"),
+              passage("k2", "Shirley Temple was an American actress and diplomat", title="Shirley Temple")]
+    both = [passage("b1", "Dune is a novel", title="Dune"), passage("b2", "Emma is a novel", title="Emma")]
+    assert linked_positives("Who starred in Kiss and Tell?", bridge) == bridge[:1]     # "(1945 film)" ignored
+    assert linked_positives("Is Dune older than Emma?", both) == both                 # comparison: both named
+    assert linked_positives("Which novel came first?", both) == both                  # none named: all kept
+    assert linked_positives("Was Emmanuel in Dune?", both) == both[:1]                # whole words only
+    rows = [{"id": f"h{i}", "query": f"Who starred in Kiss and Tell, question {i}?", "answers": ["Temple"],
+             "positives": bridge, "hard_negatives": []} for i in range(6)]
+    files["triples"] = write(tmp_path / "bridge.jsonl", rows)
+    base = spec(files, sources=[SourceSpec(name="hot", kind="triples", path=files["triples"])], val_queries=2)
+    build_training_data(base)
+    all_train, all_val = read(Path(files["out"]) / "train.jsonl"), read(Path(files["out"]) / "val.jsonl")
+    stats = build_training_data(spec(files, sources=base.sources, val_queries=2, positives="linked",
+                                     out=str(tmp_path / "linked")))
+    train, val = read(tmp_path / "linked" / "train.jsonl"), read(tmp_path / "linked" / "val.jsonl")
+    assert val == all_val and all(len(row["positives"]) == 2 for row in val)          # validation keeps both
+    assert len(train) == len(all_train) == 4
+    assert all([p["id"] for p in row["positives"]] == ["k1"] for row in train)
+    assert stats["sources"]["hot"]["unlinked_positives_dropped"] == 4
+
+
 def test_answer_problems_and_frequency():
     assert answer_problem(["Yes"], 2) == "yes/no or generic"
     assert answer_problem(["a"], 2) == "too short"
@@ -174,6 +198,8 @@ def test_bad_specs_get_one_clear_error(files, tmp_path: Path):
         spec(files, sources=[SourceSpec(name="a", kind="triples", path="p")] * 2)
     with pytest.raises(ConfigError, match="negative_miner must be one of bm25, dense, mixed"):
         spec(files, negative_miner="random")
+    with pytest.raises(ConfigError, match="positives must be one of all, linked"):
+        spec(files, positives="gold")
     with pytest.raises(ConfigError, match="needs a negatives_corpus"):
         spec(files, negative_miner="dense", negatives_corpus="")
     with pytest.raises(ConfigError, match="does not exist"):
