@@ -405,11 +405,10 @@ def linked_positives(query: str, positives: list[dict]) -> list[dict]:
 
 
 def _keep_linked_positives(rows: list[dict], stats: dict[str, SourceStats]) -> None:
-    for row in rows:
-        if len(row["positives"]) > 1:
-            kept = linked_positives(row["query"], row["positives"])
-            stats[row["source"]].unlinked_positives_dropped += len(row["positives"]) - len(kept)
-            row["positives"] = kept
+    for row in rows:  # a lone positive is kept whether or not it is named (linked_positives never empties a row)
+        kept = linked_positives(row["query"], row["positives"])
+        stats[row["source"]].unlinked_positives_dropped += len(row["positives"]) - len(kept)
+        row["positives"] = kept
 
 
 def _split(rows_by_source: dict[str, list[dict]], spec: DataSpec,
