@@ -32,6 +32,15 @@ POOLINGS = ("mean", "cls")
 FORMAT_VERSION = 1
 
 
+def _refuse_pickled_weights(model: str | os.PathLike, error: type[Exception]) -> None:
+    """Weights load from safetensors only: a local folder with pickled ones (``pytorch_model.bin``) is refused."""
+    folder = Path(model)
+    if folder.is_dir() and not any(folder.glob("*.safetensors")):
+        raise error(f"{folder} holds no safetensors weights (model.safetensors); rag-mag never unpickles "
+                    "weights from a path. Convert a copy you trust with transformers: "
+                    "`AutoModel.from_pretrained(FOLDER).save_pretrained(FOLDER)` writes safetensors")
+
+
 @dataclass
 class EncoderConfig:
     """Everything needed to rebuild an encoder for inference (saved as ``rag_mag.json``)."""
@@ -92,9 +101,10 @@ class MagnitudeEncoder(torch.nn.Module):
                                query_max_length=query_max_length, document_max_length=document_max_length,
                                query_degree=query_degree, document_degree=document_degree,
                                temperature=temperature)
+        _refuse_pickled_weights(base_model, ConfigError)
         try:
             # AutoModel loads the bare transformer: a sentence-transformers Normalize module is not applied.
-            model = AutoModel.from_pretrained(base_model)
+            model = AutoModel.from_pretrained(base_model, use_safetensors=True)
             tokenizer = AutoTokenizer.from_pretrained(base_model)
         except OSError as error:
             raise ConfigError(f"cannot load base model {base_model!r}: {error}. Give a local model folder, or a "
@@ -118,8 +128,9 @@ class MagnitudeEncoder(torch.nn.Module):
             config = EncoderConfig(**raw)
         except (json.JSONDecodeError, TypeError, ConfigError, ValueError) as error:
             raise CheckpointError(f"corrupt checkpoint config {config_file}: {error}") from None
+        _refuse_pickled_weights(folder, CheckpointError)
         try:
-            model = AutoModel.from_pretrained(folder)
+            model = AutoModel.from_pretrained(folder, use_safetensors=True)
             tokenizer = AutoTokenizer.from_pretrained(folder)
         except Exception as error:  # transformers raises many types for a damaged folder
             raise CheckpointError(f"corrupt checkpoint weights in {folder}: {error}. Retrain or restore "

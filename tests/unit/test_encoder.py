@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rag_mag.errors import CheckpointError
+from rag_mag.errors import CheckpointError, ConfigError
 from rag_mag.retriever.encoder import CONFIG_NAME, MagnitudeEncoder
 from tests.tiny import tiny_encoder
 
@@ -69,6 +69,20 @@ def test_corrupt_weights_are_reported(tmp_path):
     (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="corrupt checkpoint weights"):
         MagnitudeEncoder.load(tmp_path / "checkpoint")
+
+
+def test_pickled_weights_are_refused_not_loaded(tmp_path):
+    encoder = tiny_encoder(tmp_path)
+    encoder.save(tmp_path / "checkpoint")
+    (tmp_path / "checkpoint" / "model.safetensors").unlink()
+    torch.save(encoder.model.state_dict(), tmp_path / "checkpoint" / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="no safetensors weights"):
+        MagnitudeEncoder.load(tmp_path / "checkpoint")
+    encoder.model.config.save_pretrained(tmp_path / "base")  # a base model folder whose weights are pickled
+    encoder.tokenizer.save_pretrained(tmp_path / "base")
+    torch.save(encoder.model.state_dict(), tmp_path / "base" / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match="no safetensors weights"):
+        MagnitudeEncoder.build(str(tmp_path / "base"))
 
 
 def test_unknown_strategy_in_a_checkpoint_is_reported(tmp_path):
