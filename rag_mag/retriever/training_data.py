@@ -47,6 +47,7 @@ from typing import Any
 from rag_mag.data import Passage, read_corpus, read_eval, read_pairs, read_triples, write_jsonl
 from rag_mag.errors import ConfigError
 from rag_mag.metrics.answers import contains_answer, normalize_answer
+from rag_mag.precision import parse_precision, use_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class DataSpec:
     hard_negatives: int = 4
     negative_miner: str = "bm25"                         # the training rows' negatives: bm25, dense or mixed
     dense_model: str = ""                                # dense/mixed: a rag-mag checkpoint or base model folder
+    precision: str = "auto"                              # dense/mixed: the encoder's precision (auto, bf16, fp32)
     positives: str = "all"                               # training rows: all positives, or question-linked ones
     negative_top_k: int = 50
     positive_top_k: int = 20
@@ -114,6 +116,7 @@ class DataSpec:
                               f"got {self.negative_miner!r}")
         if self.positives not in POSITIVE_CHOICES:
             raise ConfigError(f"positives must be one of {', '.join(POSITIVE_CHOICES)}, got {self.positives!r}")
+        self.precision = parse_precision(self.precision)
         if self.negative_miner != "bm25" and not self.negatives_corpus:
             raise ConfigError(f"negative_miner {self.negative_miner!r} needs a negatives_corpus to search")
 
@@ -372,9 +375,7 @@ def _fill_negatives(rows_by_source: dict[str, list[dict]], spec: DataSpec, stats
 def _dense_negatives(rows: list[dict], spec: DataSpec, stats: dict[str, SourceStats]) -> None:
     """Give each training row ``hard_negatives`` negatives: for ``mixed`` the first half (rounded up) of its
     lexical ones, then answer-free dense neighbours that share no positive's id, text or title."""
-    from rag_mag.precision import use_bf16
-
-    miner = _DenseNegativeMiner(spec.negatives_corpus, spec.dense_model, bf16=use_bf16("auto"))
+    miner = _DenseNegativeMiner(spec.negatives_corpus, spec.dense_model, bf16=use_bf16(spec.precision))
     keep = (spec.hard_negatives + 1) // 2 if spec.negative_miner == "mixed" else 0
     for row, ranked in zip(rows, miner.ranked([r["query"] for r in rows], spec.negative_top_k), strict=True):
         row["hard_negatives"] = row["hard_negatives"][:keep]

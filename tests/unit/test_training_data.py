@@ -154,6 +154,24 @@ def test_dense_negatives_replace_lexical_ones_in_training_rows_only(files, tmp_p
     assert dense_total and sum(s["dense_negatives"] for s in stats["sources"].values()) == dense_total
 
 
+@pytest.mark.parametrize(("precision", "bf16"), [("fp32", False), ("bf16", True)])
+def test_the_dense_miner_encodes_in_the_specs_precision(files, monkeypatch, precision: str, bf16: bool):
+    from rag_mag.retriever import training_data
+
+    seen = []
+
+    class Recording:
+        def __init__(self, corpus_path: str, model: str, bf16: bool = False) -> None:
+            seen.append(bf16)
+
+        def ranked(self, questions, k):
+            return [[] for _ in questions]
+
+    monkeypatch.setattr(training_data, "_DenseNegativeMiner", Recording)
+    build_training_data(spec(files, negative_miner="dense", precision=precision))
+    assert seen == [bf16]
+
+
 def test_linked_positives_keep_what_the_question_names_in_training_rows_only(files, tmp_path: Path):
     bridge = [passage("k1", "Kiss and Tell is a 1945 comedy film", title="Kiss and Tell (1945 film)"),
               passage("k2", "Shirley Temple was an American actress and diplomat", title="Shirley Temple")]
@@ -202,6 +220,8 @@ def test_bad_specs_get_one_clear_error(files, tmp_path: Path):
         spec(files, positives="gold")
     with pytest.raises(ConfigError, match="needs a negatives_corpus"):
         spec(files, negative_miner="dense", negatives_corpus="")
+    with pytest.raises(ConfigError, match="unknown precision 'half'"):
+        spec(files, precision="half")
     with pytest.raises(ConfigError, match="does not exist"):
         load_data_spec(tmp_path / "missing.yaml", None)
     bad = tmp_path / "bad.yaml"
