@@ -53,7 +53,7 @@ from rag_mag.components.faiss_index import (  # noqa: E402
 )
 
 CORPUS = REPO_ROOT.parent / "shared" / "data" / "wiki_pool" / "wiki_pool_corpus.jsonl.gz"
-QUESTIONS = REPO_ROOT / "artifacts" / "train_data" / "default" / "train.jsonl"
+QUESTIONS = REPO_ROOT / "data" / "train_default" / "train.jsonl.gz"
 RETRIEVERS = {"cosine": REPO_ROOT / "artifacts" / "retriever-cosine",
               "qnorm": REPO_ROOT / "artifacts" / "retriever-default"}
 OUT = REPO_ROOT / "eval" / "reports" / "ann" / "results.json"

@@ -173,7 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8, help="training steps per cell (2 are warm-up)")
     parser.add_argument("--passages", type=int, default=512, help="passages encoded per cell")
-    parser.add_argument("--train-data", default=str(REPO / "artifacts" / "train_data" / "default" / "train.jsonl"),
+    parser.add_argument("--train-data", default=str(REPO / "data" / "train_default" / "train.jsonl.gz"),
                         help="training triples (default: the output of `rag-mag build-data`)")
     parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=None,
                         help="CPU kinds to measure (default: native, plus emulated where the CPU has native bf16)")
@@ -191,7 +191,8 @@ def main() -> None:
     if args.steps < 4 or args.passages < 64:
         sys.exit("--steps must be at least 4 and --passages at least 64")
     if not Path(args.train_data).is_file():
-        sys.exit(f"{args.train_data} does not exist; run `rag-mag build-data eval/configs/train_data.yaml` first")
+        sys.exit(f"{args.train_data} does not exist; pass --train-data, or rebuild it with "
+                 "`rag-mag build-data eval/configs/train_data.yaml`")
     cpu = cpu_identity()
     kinds = args.kinds or (list(KINDS) if cpu["native_bf16"] else ["native"])
     if "emulated" in kinds and not cpu["native_bf16"]:

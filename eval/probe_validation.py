@@ -41,7 +41,7 @@ from rag_mag.retriever.encoder import MagnitudeEncoder  # noqa: E402
 from rag_mag.retriever.selection import paired_standard_error, within_one_standard_error  # noqa: E402
 from rag_mag.retriever.trainer import validation_scores  # noqa: E402
 
-DATA = REPO_ROOT / "artifacts" / "train_data" / "default"
+DATA = REPO_ROOT / "data" / "train_default"
 OUT = REPO_ROOT / "eval" / "reports" / "probes"
 
 
@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a trained retriever folder (best/ or validated/step-N/)")
     parser.add_argument("--name", required=True, help="report name: eval/reports/probes/NAME.json")
-    parser.add_argument("--val-data", default=str(DATA / "val.jsonl"), help="validation triples")
-    parser.add_argument("--train-data", default=str(DATA / "train.jsonl"), help="widens the pool (wide_pool)")
+    parser.add_argument("--val-data", default=str(DATA / "val.jsonl.gz"), help="validation triples")
+    parser.add_argument("--train-data", default=str(DATA / "train.jsonl.gz"), help="widens the pool (wide_pool)")
     parser.add_argument("--val-max-queries", type=int, default=300, help="the trainer's val_max_queries")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0],
                         help="mixing weights of the trained model, ascending (0: the starting model)")

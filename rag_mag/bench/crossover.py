@@ -32,7 +32,7 @@ import torch
 from rag_mag import durable
 from rag_mag.bench.config import fingerprint
 from rag_mag.bench.datasets import EvalDataset, data_root, load_registry
-from rag_mag.data import read_corpus, read_eval, read_triples, write_jsonl
+from rag_mag.data import iter_jsonl, read_corpus, read_eval, read_triples, write_jsonl
 from rag_mag.errors import ConfigError
 from rag_mag.metrics.retrieval import score_retrieval
 from rag_mag.models import REPO_ROOT, artifacts_dir
@@ -70,8 +70,8 @@ class RunSpec:
 @dataclass
 class CrossoverConfig:
     name: str = "crossover"
-    train_data: str = "artifacts/train_data/default/train.jsonl"   # written by `rag-mag build-data`
-    val_data: str = "artifacts/train_data/default/val.jsonl"
+    train_data: str = "data/train_default/train.jsonl.gz"   # the frozen build of `rag-mag build-data`
+    val_data: str = "data/train_default/val.jsonl.gz"
     # Triples of ablation-only sources (e.g. unfiltered mined pairs); runs that name them in `sources` use them.
     ablation_data: str = ""
     datasets: list[str] = field(default_factory=lambda: ["trivia_qa", "nq_open", "hotpot_qa", "musique"])
@@ -186,7 +186,7 @@ class CrossoverRunner:
         if target.is_file():
             return target
         files = [source, Path(self.config.ablation_data)] if spec.sources and self.config.ablation_data else [source]
-        rows = [json.loads(line) for path in files for line in path.read_text().splitlines() if line.strip()]
+        rows = [row for path in files for _, row in iter_jsonl(path)]
         if spec.sources:
             rows = [row for row in rows if row.get("source") in spec.sources]
         if spec.fraction < 1:

@@ -16,8 +16,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "crossover", help="train every strategy once per config run; curves of validation and test nDCG@10",
         description="Runs the crossover study of a config (eval/configs/crossover.yaml): each run trains once and "
                     "is measured at its checkpoint steps on held-out training queries and on the test sets. "
-                    "Finished runs are cached as cells; run the same command again to resume. Needs the "
-                    "training data of `rag-mag build-data` first.",
+                    "Finished runs are cached as cells; run the same command again to resume. Reads the "
+                    "config's training data (eval/configs/crossover.yaml: data/train_default/, the committed "
+                    "build of `rag-mag build-data eval/configs/train_data.yaml`).",
         formatter_class=DefaultsHelpFormatter)
     parser.add_argument("config", help="crossover config YAML")
     parser.add_argument("--time-budget", type=float, default=0.0, metavar="SECONDS",
