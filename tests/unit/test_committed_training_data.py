@@ -25,6 +25,7 @@ def rows(name: str) -> list[dict]:
 def test_the_files_match_their_checksums():
     listed = dict(reversed(line.split()) for line in (FOLDER / "SHA256SUMS").read_text().splitlines())
     assert sorted(listed) == ["ablation.jsonl.gz", "train.jsonl.gz", "val.jsonl.gz"]
+    assert sum(path.stat().st_size for path in FOLDER.iterdir()) < 8_000_000   # kept small enough to clone
     for name, digest in listed.items():
         assert hashlib.sha256((FOLDER / name).read_bytes()).hexdigest() == digest, name
 

@@ -27,7 +27,7 @@ def test_sample_files_are_readable_and_small():
     questions = read_eval(SAMPLE / "questions.jsonl")
     triples = read_triples(SAMPLE / "train_triples.jsonl")
     assert 300 <= len(corpus) <= 600 and 30 <= len(questions) <= 50 and 200 <= len(triples) <= 600
-    assert sum(p.stat().st_size for p in (REPO_ROOT / "data").rglob("*") if p.is_file()) < 3_000_000
+    assert sum(p.stat().st_size for p in SAMPLE.rglob("*") if p.is_file()) < 3_000_000
     assert (REPO_ROOT / "data" / "README.md").read_text().count("CC BY-SA") >= 2
     corpus_ids = {p.id for p in corpus}
     assert all(context.id in corpus_ids for record in questions for context in record.contexts)
