@@ -338,13 +338,16 @@ class CrossoverRunner:
 
     def _with_tuned(self, spec: RunSpec, specs: list[RunSpec]) -> RunSpec | None:
         """The run with the ``tuned`` fields set from the finished tuning cells (validation only); None while
-        some tuning run is unfinished."""
-        wanted = [s.label for s in specs if s.group == "tuning"]
-        if not wanted:
+        a tuning run it depends on is unfinished: its own strategy's, or every one for a strategy that has
+        none (it takes the values best on average)."""
+        tuning_specs = [s for s in specs if s.group == "tuning"]
+        if not tuning_specs:
             raise ConfigError(f"`tuned` names {', '.join(self.config.tuned)}, but the config has no tuning runs; "
                               "add a run with group: tuning and a grid, or remove `tuned`")
+        tuning_specs = [s for s in tuning_specs if s.strategy == spec.strategy] or tuning_specs
+        wanted = [s.label for s in tuning_specs]
         cells = []
-        for tuning in (s for s in specs if s.group == "tuning"):
+        for tuning in tuning_specs:
             cell = self._cell(tuning.label)
             if cell.get("key") == self._key(tuning, self._train_file(tuning)):  # not one of an earlier recipe
                 cells.append(cell)

@@ -225,6 +225,21 @@ def test_tuning_runs_listed_last_still_go_first(study):
     assert main["run"]["tuned"]["learning_rate"] in (1e-5, 1e-3)
 
 
+def test_a_strategy_with_its_own_tuning_runs_waits_only_for_them(study):
+    config = study(runs=[{"group": "tuning", "strategies": ["cosine", "qnorm"], "steps": 2,
+                          "grid": {"learning_rate": [1e-5, 1e-3]}},
+                         {"group": "main", "strategies": ["cosine", "dot"], "steps": 2}])
+    specs = config.run_specs()
+    main_cosine, main_dot = (next(s for s in specs if s.label.startswith(name)) for name in ("main_cosine", "main_dot"))
+    runner = CrossoverRunner(config, "c.yaml")
+    runner.run(only=[s.label for s in specs if s.label.startswith("tuning_cosine")])
+    tuned = runner._with_tuned(main_cosine, specs)
+    assert tuned is not None and tuned.tuned["learning_rate"] in (1e-5, 1e-3)
+    assert runner._with_tuned(main_dot, specs) is None      # no tuning of its own: it waits for all of them
+    runner.run(only=[s.label for s in specs if s.label.startswith("tuning_qnorm")])
+    assert runner._with_tuned(main_dot, specs) is not None
+
+
 def test_a_run_claimed_by_one_worker_is_not_taken_by_another(study):
     runner = CrossoverRunner(study(), "c.yaml")
     with runner._claim("k1") as first:
