@@ -318,7 +318,7 @@ class CrossoverRunner:
                 "final_norms": {k: losses[-1][k] for k in ("query_norm_mean", "query_norm_cv",
                                                              "document_norm_mean", "document_norm_cv")}
                 if losses else {},
-                "train_size": sum(1 for _ in train_file.open()), "seconds": round(time.monotonic() - run_started),
+                "train_size": sum(1 for _ in iter_jsonl(train_file)), "seconds": round(time.monotonic() - run_started),
                 "device": str(trainer.device), "bf16": trainer.bf16, "steps_done": result.step,
                 "selection": trainer.config.selection, "selected_step": result.best_metrics.get("step")}
         write_jsonl(self.cells_dir / f"{spec.label}.json", [cell])

@@ -3,6 +3,7 @@ resumable cells, and a verdict computed from the numbers."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(MagnitudeEncoder, "build",
                         classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tmp_path / "tok", strategy)))
     monkeypatch.setattr(crossover_module, "artifacts_dir", lambda: tmp_path / "artifacts")
-    write_jsonl(tmp_path / "train.jsonl", [triple(i, "gold" if i % 2 else "mined") for i in range(24)])
+    rows = [json.dumps(triple(i, "gold" if i % 2 else "mined")) + "\n" for i in range(24)]
+    with gzip.open(tmp_path / "train.jsonl.gz", "wt") as handle:   # gzipped, as the committed build is
+        handle.writelines(rows)
     write_jsonl(tmp_path / "val.jsonl", [triple(100 + i, "gold") for i in range(6)])
     write_jsonl(tmp_path / "ablation.jsonl", [triple(200 + i, "loose") for i in range(8)])
     corpus = [Passage(id=f"d{i}", title=city, text=f"{city} is the capital of {country}")
@@ -47,7 +50,7 @@ def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(crossover_module, "load_test_sets", lambda config: [test_set])
 
     def make(**overrides) -> CrossoverConfig:
-        values = dict(name="toy", train_data=str(tmp_path / "train.jsonl"), val_data=str(tmp_path / "val.jsonl"),
+        values = dict(name="toy", train_data=str(tmp_path / "train.jsonl.gz"), val_data=str(tmp_path / "val.jsonl"),
                       ablation_data=str(tmp_path / "ablation.jsonl"), datasets=["toy"], max_questions=6,
                       output_dir=str(tmp_path / "report"), checkpoints=[0, 2], tuned=["learning_rate"],
                       train=dict(batch_size=4, hard_negatives=1, calibration_samples=8, warmup_ratio=0.0,
@@ -86,6 +89,7 @@ def test_study_measures_checkpoints_of_one_run_tunes_on_validation_and_resumes(s
     # sources and fractions select the training pairs
     assert cells["ablation_cosine_s0_2_gold+loose"]["train_size"] == 12 + 8
     assert cells["data_size_cosine_s0_2_f0.5"]["train_size"] == 12
+    assert all(cell["train_size"] == 24 for label, cell in cells.items() if label.startswith("main_"))
     # a finished main run is published under a stable name for `bench` configs (retrievers:)
     published = tmp_path / "artifacts" / "crossover" / "retrievers" / "main_qnorm_s0_4"
     assert (published / "best" / "rag_mag.json").is_file()
@@ -203,8 +207,9 @@ def test_cells_of_an_earlier_recipe_are_neither_reported_nor_used_for_tuning(stu
     first = CrossoverRunner(config, "c.yaml").run()
     assert len(first["cells"]) == 3 and not first["pending"]
     # the recipe changes: the same labels, other training triples
-    train = tmp_path / "train.jsonl"
-    train.write_text(train.read_text() + json.dumps(triple(999, "gold")) + "\n")
+    train = tmp_path / "train.jsonl.gz"
+    with gzip.open(train, "at") as handle:
+        handle.write(json.dumps(triple(999, "gold")) + "\n")
     stale = CrossoverRunner(config, "c.yaml").collect()
     assert stale["cells"] == [] and len(stale["pending"]) == 3
     assert "3 finished cells were trained on other data or settings" in caplog.text
