@@ -174,7 +174,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="training steps per cell (2 are warm-up)")
     parser.add_argument("--passages", type=int, default=512, help="passages encoded per cell")
     parser.add_argument("--train-data", default=str(REPO / "data" / "train_default" / "train.jsonl.gz"),
-                        help="training triples (default: the output of `rag-mag build-data`)")
+                        help="training triples (default: the committed build of `rag-mag build-data`)")
     parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=None,
                         help="CPU kinds to measure (default: native, plus emulated where the CPU has native bf16)")
     parser.add_argument("--vllm", action="store_true", help="also measure the vLLM server in both dtypes")

@@ -4,18 +4,17 @@ every evaluation question the recipe excludes."""
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
 
 from rag_mag.bench.datasets import data_root
 from rag_mag.data import iter_jsonl, read_eval
 from rag_mag.metrics.answers import normalize_answer
+from rag_mag.models import REPO_ROOT
 from rag_mag.retriever.training_data import load_data_spec
 
-REPO = Path(__file__).resolve().parents[2]
-FOLDER = REPO / "data" / "train_default"
-RECIPE = REPO / "eval" / "configs" / "train_data.yaml"
+FOLDER = REPO_ROOT / "data" / "train_default"
+RECIPE = REPO_ROOT / "eval" / "configs" / "train_data.yaml"
 
 
 def rows(name: str) -> list[dict]:
