@@ -175,6 +175,7 @@ class CrossoverRunner:
         self.out = config.out_dir()
         self.cells_dir = self.out / "cells"
         self.work = artifacts_dir() / "crossover"
+        self._clock = time.monotonic()  # the running run's start, less the seconds of its earlier processes
 
     def _train_file(self, spec: RunSpec) -> Path:
         """The training triples of a run: a source filter and a seeded fraction of the shared file."""
@@ -301,16 +302,15 @@ class CrossoverRunner:
         curve_path = run_dir / "curve.jsonl"
         checkpoints = {s for s in self.config.checkpoints if s <= spec.steps} | {spec.steps}
         trainer = Trainer(self._train_config(spec, train_file, run_dir))
+        # the run's clock goes on from where its earlier processes stopped (or were last measured, after a kill)
+        clock_path = run_dir / "seconds"
+        self._clock = time.monotonic() - (float(clock_path.read_text()) if clock_path.is_file() else 0.0)
         trainer.on_step = functools.partial(self._measure, spec, trainer, curve_path, checkpoints, tests, validation)
-        run_started = time.monotonic()
-        result = trainer.train()
-        points = {}
-        for line in curve_path.read_text().splitlines():
-            try:
-                point = json.loads(line)
-            except json.JSONDecodeError:  # a line torn by a kill in the middle of a write
-                continue
-            points[point["step"]] = point  # a resumed run may have measured a step twice: keep the last
+        try:
+            result = trainer.train()
+        finally:
+            self._save_clock(run_dir)
+        points = _curve_points(curve_path)
         log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
         losses = [r for r in log if "loss" in r]
         cell = {"key": key, "run": asdict(spec), "label": spec.label, "curve": [points[s] for s in sorted(points)],
@@ -318,11 +318,17 @@ class CrossoverRunner:
                 "final_norms": {k: losses[-1][k] for k in ("query_norm_mean", "query_norm_cv",
                                                              "document_norm_mean", "document_norm_cv")}
                 if losses else {},
-                "train_size": sum(1 for _ in iter_jsonl(train_file)), "seconds": round(time.monotonic() - run_started),
+                "train_size": sum(1 for _ in iter_jsonl(train_file)),
+                "seconds": round(time.monotonic() - self._clock),
                 "device": str(trainer.device), "bf16": trainer.bf16, "steps_done": result.step,
                 "selection": trainer.config.selection, "selected_step": result.best_metrics.get("step")}
         write_jsonl(self.cells_dir / f"{spec.label}.json", [cell])
         self._publish(spec, run_dir)
+
+    def _save_clock(self, run_dir: Path) -> None:
+        """The running run's seconds so far, across its processes (``run_dir/seconds``)."""
+        if run_dir.is_dir():
+            durable.write_text(run_dir / "seconds", f"{time.monotonic() - self._clock:.1f}")
 
     def _publish(self, spec: RunSpec, run_dir: Path) -> None:
         """``artifacts/crossover/retrievers/<label>``: a stable name for a finished main run's folder, so a
@@ -383,9 +389,11 @@ class CrossoverRunner:
         for dataset in tests if tested else ():
             point["test"][dataset.name] = self._test_point(step, trainer, encoder, dataset)
         point["g"] = list(encoder.degrees.as_floats())
+        point["seconds"] = round(time.monotonic() - self._clock)
         curve_path.parent.mkdir(parents=True, exist_ok=True)
         with curve_path.open("a") as handle:
             handle.write(json.dumps(point) + "\n")
+        self._save_clock(curve_path.parent)
         logger.info("%s step %d: val nDCG@10 %.1f, test %s", spec.label, step, point["validation"]["ndcg@10"],
                     " ".join(f"{k}={v['ndcg@10']:.1f}" for k, v in point["test"].items()))
 
@@ -447,3 +455,17 @@ class CrossoverRunner:
             if spec is None:
                 return None
         return self._key(spec, self._train_file(spec))
+
+
+def _curve_points(curve_path: Path) -> dict[int, dict]:
+    """A run's measured points by step (none before its first)."""
+    points: dict[int, dict] = {}
+    if not curve_path.is_file():
+        return points
+    for line in curve_path.read_text().splitlines():
+        try:
+            point = json.loads(line)
+        except json.JSONDecodeError:  # a line torn by a kill in the middle of a write
+            continue
+        points[point["step"]] = point  # a resumed run may have measured a step twice: keep the last
+    return points

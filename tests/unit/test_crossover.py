@@ -126,14 +126,41 @@ def test_study_measures_checkpoints_of_one_run_tunes_on_validation_and_resumes(s
 
 def test_time_budget_stops_between_runs_and_a_later_call_continues(study, monkeypatch):
     config = study(runs=[{"group": "main", "strategies": ["cosine", "qnorm"], "steps": 2}], tuned=[])
-    clock = iter([0.0, 0.0, 100.0, 100.0, 100.0])
-    monkeypatch.setattr(crossover_module.time, "monotonic", lambda: next(clock, 100.0))
+    now, train = [0.0], Trainer.train
+    monkeypatch.setattr(crossover_module.time, "monotonic", lambda: now[0])
+
+    def slow_train(self):  # every run takes 100 seconds
+        now[0] += 100
+        return train(self)
+
+    monkeypatch.setattr(Trainer, "train", slow_train)
     first = CrossoverRunner(config, "c.yaml").run(time_budget_s=50)
     assert [c["label"] for c in first["cells"]] == ["main_cosine_s0_2"]
     report = write(first, config.out_dir(), "c").read_text()
     assert "In progress: 1 of 2 runs finished" in report and "Still to run: `main_qnorm_s0_2`." in report
     second = CrossoverRunner(config, "c.yaml").run()
     assert [c["label"] for c in second["cells"]] == ["main_cosine_s0_2", "main_qnorm_s0_2"]
+
+
+def test_a_resumed_runs_seconds_count_every_process(study, monkeypatch):
+    config = study(runs=[{"group": "main", "strategies": ["cosine"], "steps": 4}], tuned=[])
+    now = [0.0]
+    monkeypatch.setattr(crossover_module.time, "monotonic", lambda: now[0])
+    step, interrupt = Trainer._step, [True]
+
+    def timed_step(self, *args):  # each training step takes 100 seconds; the first process dies in step 4
+        now[0] += 100
+        if self.step == 3 and interrupt and interrupt.pop():
+            raise KeyboardInterrupt
+        return step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_step", timed_step)
+    with pytest.raises(KeyboardInterrupt):
+        CrossoverRunner(config, "c.yaml").run()
+    cell = CrossoverRunner(config, "c.yaml").run()["cells"][0]
+    assert cell["steps_done"] == 4
+    assert cell["seconds"] == 500  # 400 in the first process (3 steps and the interrupted one), 100 in the second
+    assert [point["seconds"] for point in cell["curve"]] == [0, 200, 500]
 
 
 def test_test_last_only_measures_the_test_sets_at_the_last_step_alone_and_keeps_other_keys(study):
