@@ -9,8 +9,10 @@ So every point of a curve comes from a checkpoint of one run, never from a separ
 Runs are cells: a finished run is saved as ``<out>/cells/<label>.json`` with the key of everything it
 depends on, and a run's points are appended to ``curve.jsonl`` as they are measured, so an interrupted
 study resumes (the trainer resumes from its ``last/`` checkpoint). ``--time-budget`` stops cleanly
-between runs. The study only needs torch and transformers at training time (no Haystack, FAISS or
-vLLM), so it also runs on a GPU machine (``device: auto``).
+between runs. A finished main run's published checkpoint is not committed (only its cell is): on another
+machine ``--rebuild`` trains it again to the selected step and checks it against the cell. The study only
+needs torch and transformers at training time (no Haystack, FAISS or vLLM), so it also runs on a GPU
+machine (``device: auto``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import fcntl
 import functools
 import json
 import logging
+import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +36,10 @@ from rag_mag import durable
 from rag_mag.bench.config import fingerprint
 from rag_mag.bench.datasets import EvalDataset, data_root, load_registry
 from rag_mag.data import iter_jsonl, read_corpus, read_eval, read_triples, write_jsonl
-from rag_mag.errors import ConfigError
+from rag_mag.errors import CheckpointError, ConfigError
 from rag_mag.metrics.retrieval import score_retrieval
 from rag_mag.models import REPO_ROOT, artifacts_dir
+from rag_mag.precision import cpu_has_native_bf16
 from rag_mag.retriever.config import TrainConfig, make_config, read_config_file
 from rag_mag.retriever.strategies import Strategy
 
@@ -206,10 +210,15 @@ class CrossoverRunner:
         values.setdefault("eval_every", max(1, min(100, spec.steps)))  # best/ is chosen among these (selection)
         return make_config(TrainConfig, values, source=f"crossover run {spec.label}")
 
-    def run(self, time_budget_s: float = 0.0, poll_s: float = 30.0, only: list[str] | None = None) -> dict:
+    def run(self, time_budget_s: float = 0.0, poll_s: float = 30.0, only: list[str] | None = None,
+            rebuild: bool = False, rebuild_tolerance: float = 0.5) -> dict:
         """Train every unfinished run (resuming where a run was interrupted); return ``collect()``.
 
         ``only``: train just the runs with these labels (e.g. ``main_dot_s0_400``), in the config's order.
+
+        ``rebuild``: a finished main run whose ``best/`` this machine lacks (a fresh clone holds the cells,
+        not the checkpoints) is trained again up to the step its cell selected, and published only if its
+        validation nDCG@10 there is within ``rebuild_tolerance`` points of the cell's (see ``_rebuild``).
 
         Several processes may run the same config at once (``rag-mag crossover --workers N``): each claims a
         run with a lock before training it, and runs that wait for the tuning runs or for another worker are
@@ -240,7 +249,7 @@ class CrossoverRunner:
                 train_file = self._train_file(spec)
                 key = self._key(spec, train_file)
                 run_dir = self.work / "runs" / key
-                if self._finished(spec, key):
+                if self._finished(spec, key) and not (rebuild and self._lacks_best(spec, run_dir)):
                     self._publish(spec, run_dir)
                     continue
                 if time_budget_s and time.monotonic() - started > time_budget_s:
@@ -252,6 +261,9 @@ class CrossoverRunner:
                         continue
                     if not self._finished(spec, key):
                         self._train_run(spec, key, train_file, run_dir, tests, validation)
+                        trained = True
+                    elif self._lacks_best(spec, run_dir):
+                        self._rebuild(spec, key, train_file, run_dir, validation, rebuild_tolerance)
                         trained = True
             if not waiting:
                 return self.collect()
@@ -323,6 +335,70 @@ class CrossoverRunner:
                 "device": str(trainer.device), "bf16": trainer.bf16, "steps_done": result.step,
                 "selection": trainer.config.selection, "selected_step": result.best_metrics.get("step")}
         write_jsonl(self.cells_dir / f"{spec.label}.json", [cell])
+        self._publish(spec, run_dir)
+
+    @staticmethod
+    def _lacks_best(spec: RunSpec, run_dir: Path) -> bool:
+        return spec.group == "main" and not (run_dir / "best").is_dir()
+
+    def _rebuild(self, spec: RunSpec, key: str, train_file: Path, run_dir: Path, validation: list,
+                 tolerance: float) -> None:
+        """Re-create a finished main run's published checkpoint on a machine that lacks it.
+
+        The run trains again, in the precision its cell records, under its own config (the learning-rate
+        schedule is the full run's), and stops at the step the cell selected. That checkpoint's validation
+        nDCG@10 must be within ``tolerance`` points of the cell's at the same step (training is
+        deterministic for one precision and kernel set; another CPU's kernels may round differently);
+        then it becomes ``best/`` and ``rebuilt.json`` records the comparison. Otherwise nothing is published.
+        """
+        from rag_mag.retriever.trainer import Trainer
+
+        cell = self._cell(spec.label)
+        step = cell.get("selected_step")
+        original = {point["step"]: point for point in cell["curve"]}.get(step)
+        if original is None:
+            raise CheckpointError(f"{spec.label}: its cell records no selected step with a validation point, "
+                                  "so its best/ cannot be rebuilt; train it again (delete its cell)")
+        precision = "bf16" if cell.get("bf16") else "fp32"
+        trainer = Trainer(replace(self._train_config(spec, train_file, self.work / "rebuilds" / key),
+                                  precision=precision))
+        if trainer.bf16 and trainer.device.type == "cpu" and not cpu_has_native_bf16():
+            logger.warning("%s trained in bf16, which this CPU emulates: the rebuild is about 3x slower than "
+                           "fp32 here", spec.label)
+        logger.info("rebuilding %s in %s: %d of its %d steps, to re-create its best/", spec.label, precision,
+                    step, spec.steps)
+        started = time.monotonic()
+
+        def stop_at_selected(at: int, encoder) -> None:
+            if at < step:
+                return
+            metrics, per_query = trainer.validation_scores(encoder, validation)
+            before = original["validation"]["ndcg@10"]
+            recorded = original.get("validation_per_query")
+            changed = sum(abs(a - b) > 1e-6 for a, b in zip(per_query, recorded, strict=True)) if recorded else None
+            record = {"label": spec.label, "key": key, "step": step, "precision": precision,
+                      "validation_ndcg@10": {"cell": before, "rebuilt": metrics["ndcg@10"]},
+                      "queries_changed": changed, "tolerance": tolerance,
+                      "seconds": round(time.monotonic() - started)}
+            if abs(metrics["ndcg@10"] - before) > tolerance:
+                raise CheckpointError(
+                    f"{spec.label}: the rebuilt step {step} scores validation nDCG@10 {metrics['ndcg@10']:.2f}, "
+                    f"its cell {before:.2f} (more than {tolerance} points apart): "
+                    "not published. This CPU's kernels do not reproduce the run; train it again here (delete "
+                    "its cell) or rebuild it on a CPU of the kind that trained it")
+            encoder.save(run_dir / "best")
+            durable.write_text(run_dir / "rebuilt.json", json.dumps(record, indent=2))
+            logger.info("%s: rebuilt step %d, validation nDCG@10 %.2f (cell %.2f; queries changed: %s)",
+                        spec.label, step, metrics["ndcg@10"], before, changed)
+            raise _Rebuilt
+
+        trainer.on_step = stop_at_selected
+        try:
+            trainer.train()
+        except _Rebuilt:
+            shutil.rmtree(trainer.out, ignore_errors=True)  # its resumable state is no longer needed
+        else:
+            raise CheckpointError(f"{spec.label}: training ended before step {step}")
         self._publish(spec, run_dir)
 
     def _save_clock(self, run_dir: Path) -> None:
@@ -455,6 +531,10 @@ class CrossoverRunner:
             if spec is None:
                 return None
         return self._key(spec, self._train_file(spec))
+
+
+class _Rebuilt(Exception):
+    """Ends a rebuild's training at the selected step."""
 
 
 def _curve_points(curve_path: Path) -> dict[int, dict]:

@@ -29,6 +29,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--only", nargs="+", metavar="LABEL",
                         help="train only these runs, e.g. main_dot_s0_400 (labels as in the report's cells/; an "
                              "unknown label is refused with the list of valid ones)")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="for finished main runs whose best/ checkpoint this machine lacks (a fresh clone "
+                             "holds the cells, not the checkpoints): train each again up to the step its cell "
+                             "selected, check its validation nDCG@10 there against the cell's, and publish it "
+                             "for `bench` (artifacts/crossover/retrievers/LABEL); pick runs with --only")
+    parser.add_argument("--rebuild-tolerance", type=float, default=0.5, metavar="POINTS",
+                        help="largest difference of validation nDCG@10 (points) between a rebuilt checkpoint and "
+                             "its cell that still counts as the same run")
     parser.add_argument("--report-only", action="store_true", help="write the report from the finished cells")
     parser.add_argument("--output-dir", default=None, help="report folder (default: eval/reports/<name>)")
     return parser
@@ -43,7 +51,8 @@ def _run_workers(args: argparse.Namespace, runner) -> None:
     runner.work.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "rag_mag.cli.main", "crossover", args.config, "--time-budget",
                str(args.time_budget)] + (["--output-dir", args.output_dir] if args.output_dir else []) \
-        + (["--only", *args.only] if args.only else [])
+        + (["--only", *args.only] if args.only else []) \
+        + (["--rebuild", "--rebuild-tolerance", str(args.rebuild_tolerance)] if args.rebuild else [])
     workers = []
     for index in range(args.workers):
         log = runner.work / f"worker-{index}.log"
@@ -72,12 +81,15 @@ def run(args: argparse.Namespace) -> int:
         config.output_dir = args.output_dir
     if args.workers < 1:
         raise ConfigError(f"--workers must be 1 or more, got {args.workers}")
+    if not args.rebuild_tolerance >= 0:
+        raise ConfigError(f"--rebuild-tolerance must be 0 or more points, got {args.rebuild_tolerance}")
     runner = CrossoverRunner(config, args.config)
     if args.workers > 1 and not args.report_only:
         _run_workers(args, runner)
         result = runner.collect()
     else:
-        result = runner.collect() if args.report_only else runner.run(args.time_budget, only=args.only)
+        result = runner.collect() if args.report_only else runner.run(
+            args.time_budget, only=args.only, rebuild=args.rebuild, rebuild_tolerance=args.rebuild_tolerance)
     if not result["cells"]:
         logger.warning("no finished runs yet; nothing to report")
         return 1

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from rag_mag.bench import crossover as crossover_module
 from rag_mag.bench.crossover import CrossoverConfig, CrossoverRunner, RunSpec
 from rag_mag.bench.crossover_report import write
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import Context, EvalRecord, Passage, write_jsonl
-from rag_mag.errors import ConfigError
+from rag_mag.errors import CheckpointError, ConfigError
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.trainer import Trainer
 from tests.tiny import tiny_encoder
@@ -161,6 +163,52 @@ def test_a_resumed_runs_seconds_count_every_process(study, monkeypatch):
     assert cell["steps_done"] == 4
     assert cell["seconds"] == 500  # 400 in the first process (3 steps and the interrupted one), 100 in the second
     assert [point["seconds"] for point in cell["curve"]] == [0, 200, 500]
+
+
+def test_rebuild_recreates_a_finished_runs_best_checkpoint_and_refuses_one_that_differs(study, tmp_path):
+    from safetensors.torch import load_file
+
+    config = study(runs=[{"group": "main", "strategies": ["qnorm"], "steps": 4}], tuned=[])
+    cell = CrossoverRunner(config, "c.yaml").run()["cells"][0]
+    runs = tmp_path / "artifacts" / "crossover" / "runs"
+    run_dir = next(runs.iterdir())
+    weights = {name: load_file(run_dir / folder / "model.safetensors")
+               for name, folder in (("best", "best"), ("last", "last"))}
+    published = tmp_path / "artifacts" / "crossover" / "retrievers" / "main_qnorm_s0_4"
+
+    def fresh_clone() -> None:  # the cells are committed; the checkpoints stay on the machine that trained
+        shutil.rmtree(tmp_path / "artifacts")
+
+    fresh_clone()
+    CrossoverRunner(config, "c.yaml").run()  # without --rebuild a finished cell trains nothing
+    assert not runs.exists() and not published.exists()
+    CrossoverRunner(config, "c.yaml").run(rebuild=True)
+    rebuilt = load_file(published / "best" / "model.safetensors")
+    assert rebuilt.keys() == weights["best"].keys()
+    assert all(torch.equal(rebuilt[name], weights["best"][name]) for name in rebuilt)  # the same weights
+    record = json.loads((run_dir / "rebuilt.json").read_text())
+    assert record["step"] == cell["selected_step"] and record["queries_changed"] == 0
+    assert not (tmp_path / "artifacts" / "crossover" / "rebuilds").exists() or \
+        not any((tmp_path / "artifacts" / "crossover" / "rebuilds").iterdir())  # its training state is gone
+    # a second call finds best/ and trains nothing
+    CrossoverRunner(config, "c.yaml").run(rebuild=True)
+
+    # the selected step may be any checkpoint: here the last, whose weights are last/'s
+    cells_file = config.out_dir() / "cells" / "main_qnorm_s0_4.json"
+    write_jsonl(cells_file, [{**cell, "selected_step": 4}])
+    fresh_clone()
+    CrossoverRunner(config, "c.yaml").run(rebuild=True)
+    rebuilt = load_file(published / "best" / "model.safetensors")
+    assert all(torch.equal(rebuilt[name], weights["last"][name]) for name in rebuilt)
+
+    # a rebuild that does not reproduce the cell's validation score is not published
+    tampered = [{**point, "validation": {**point["validation"], "ndcg@10": point["validation"]["ndcg@10"] - 5}}
+                for point in cell["curve"]]
+    write_jsonl(cells_file, [{**cell, "curve": tampered}])
+    fresh_clone()
+    with pytest.raises(CheckpointError, match="more than 0.5 points apart"):
+        CrossoverRunner(config, "c.yaml").run(rebuild=True)
+    assert not published.exists() and not (run_dir / "best").exists()
 
 
 def test_test_last_only_measures_the_test_sets_at_the_last_step_alone_and_keeps_other_keys(study):

@@ -45,6 +45,8 @@ def test_cli_reports_bad_paths_and_strategies_without_traceback(tmp_path, capsys
     assert "missing.jsonl does not exist" in capsys.readouterr().err
     assert main(["encode", "--retriever", str(tmp_path / "none"), "--text", "x", "--out", "o"]) == 2
     assert "rag-mag train" in capsys.readouterr().err
+    assert main(["crossover", "eval/configs/crossover.yaml", "--rebuild", "--rebuild-tolerance", "-1"]) == 2
+    assert "--rebuild-tolerance must be 0 or more points, got -1.0" in capsys.readouterr().err
 
 
 def test_train_reads_a_yaml_config_and_flags_override_it(tmp_path, capsys):
