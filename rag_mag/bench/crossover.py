@@ -39,7 +39,6 @@ from rag_mag.data import iter_jsonl, read_corpus, read_eval, read_triples, write
 from rag_mag.errors import CheckpointError, ConfigError
 from rag_mag.metrics.retrieval import score_retrieval
 from rag_mag.models import REPO_ROOT, artifacts_dir
-from rag_mag.precision import cpu_has_native_bf16
 from rag_mag.retriever.config import TrainConfig, make_config, read_config_file
 from rag_mag.retriever.strategies import Strategy
 
@@ -359,12 +358,14 @@ class CrossoverRunner:
         if original is None:
             raise CheckpointError(f"{spec.label}: its cell records no selected step with a validation point, "
                                   "so its best/ cannot be rebuilt; train it again (delete its cell)")
-        precision = "bf16" if cell.get("bf16") else "fp32"
+        # the cell's precision, except that a bf16 run is rebuilt in fp32 where bf16 would be emulated (2 to
+        # 19 times slower a step in eval/reports/precision/); the validation check then decides
         trainer = Trainer(replace(self._train_config(spec, train_file, self.work / "rebuilds" / key),
-                                  precision=precision))
-        if trainer.bf16 and trainer.device.type == "cpu" and not cpu_has_native_bf16():
-            logger.warning("%s trained in bf16, which this CPU emulates: the rebuild is about 3x slower than "
-                           "fp32 here", spec.label)
+                                  precision="auto" if cell.get("bf16") else "fp32"))
+        precision = "bf16" if trainer.bf16 else "fp32"
+        if cell.get("bf16") and not trainer.bf16:
+            logger.warning("%s trained in bf16, which this CPU does not compute natively: rebuilding it in fp32, "
+                           "which cannot match it bit for bit; the validation check decides", spec.label)
         logger.info("rebuilding %s in %s: %d of its %d steps, to re-create its best/", spec.label, precision,
                     step, spec.steps)
         started = time.monotonic()
@@ -377,6 +378,7 @@ class CrossoverRunner:
             recorded = original.get("validation_per_query")
             changed = sum(abs(a - b) > 1e-6 for a, b in zip(per_query, recorded, strict=True)) if recorded else None
             record = {"label": spec.label, "key": key, "step": step, "precision": precision,
+                      "cell_precision": "bf16" if cell.get("bf16") else "fp32",
                       "validation_ndcg@10": {"cell": before, "rebuilt": metrics["ndcg@10"]},
                       "queries_changed": changed, "tolerance": tolerance,
                       "seconds": round(time.monotonic() - started)}

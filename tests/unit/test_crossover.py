@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rag_mag import precision as precision_module
 from rag_mag.bench import crossover as crossover_module
 from rag_mag.bench.crossover import CrossoverConfig, CrossoverRunner, RunSpec
 from rag_mag.bench.crossover_report import write
@@ -165,10 +166,12 @@ def test_a_resumed_runs_seconds_count_every_process(study, monkeypatch):
     assert [point["seconds"] for point in cell["curve"]] == [0, 200, 500]
 
 
-def test_rebuild_recreates_a_finished_runs_best_checkpoint_and_refuses_one_that_differs(study, tmp_path):
+def test_rebuild_recreates_a_finished_runs_checkpoint_or_refuses_one_that_differs(study, tmp_path, monkeypatch,
+                                                                                   caplog):
     from safetensors.torch import load_file
 
     config = study(runs=[{"group": "main", "strategies": ["qnorm"], "steps": 4}], tuned=[])
+    config.train["precision"] = "fp32"  # the same on every CI machine
     cell = CrossoverRunner(config, "c.yaml").run()["cells"][0]
     runs = tmp_path / "artifacts" / "crossover" / "runs"
     run_dir = next(runs.iterdir())
@@ -200,6 +203,16 @@ def test_rebuild_recreates_a_finished_runs_best_checkpoint_and_refuses_one_that_
     CrossoverRunner(config, "c.yaml").run(rebuild=True)
     rebuilt = load_file(published / "best" / "model.safetensors")
     assert all(torch.equal(rebuilt[name], weights["last"][name]) for name in rebuilt)
+
+    # a bf16 run is rebuilt in bf16 where the CPU computes it natively, else in fp32 (and says so)
+    write_jsonl(cells_file, [{**cell, "bf16": True}])
+    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: False)
+    fresh_clone()
+    with caplog.at_level("WARNING"):
+        CrossoverRunner(config, "c.yaml").run(rebuild=True)
+    assert "rebuilding it in fp32" in caplog.text
+    record = json.loads((run_dir / "rebuilt.json").read_text())
+    assert (record["precision"], record["cell_precision"], record["queries_changed"]) == ("fp32", "bf16", 0)
 
     # a rebuild that does not reproduce the cell's validation score is not published
     tampered = [{**point, "validation": {**point["validation"], "ndcg@10": point["validation"]["ndcg@10"] - 5}}
