@@ -261,7 +261,7 @@ class CrossoverRunner:
                     if not self._finished(spec, key):
                         self._train_run(spec, key, train_file, run_dir, tests, validation)
                         trained = True
-                    elif self._lacks_best(spec, run_dir):
+                    elif rebuild and self._lacks_best(spec, run_dir):
                         self._rebuild(spec, key, train_file, run_dir, validation, rebuild_tolerance)
                         trained = True
             if not waiting:
@@ -344,8 +344,9 @@ class CrossoverRunner:
                  tolerance: float) -> None:
         """Re-create a finished main run's published checkpoint on a machine that lacks it.
 
-        The run trains again, in the precision its cell records, under its own config (the learning-rate
-        schedule is the full run's), and stops at the step the cell selected. That checkpoint's validation
+        The run trains again under its own config (the learning-rate schedule is the full run's), in the
+        precision its cell records (a bf16 run in fp32 where the CPU would emulate bf16), and stops at the
+        step the cell selected. That checkpoint's validation
         nDCG@10 must be within ``tolerance`` points of the cell's at the same step (training is
         deterministic for one precision and kernel set; another CPU's kernels may round differently);
         then it becomes ``best/`` and ``rebuilt.json`` records the comparison. Otherwise nothing is published.
@@ -358,8 +359,7 @@ class CrossoverRunner:
         if original is None:
             raise CheckpointError(f"{spec.label}: its cell records no selected step with a validation point, "
                                   "so its best/ cannot be rebuilt; train it again (delete its cell)")
-        # the cell's precision, except that a bf16 run is rebuilt in fp32 where bf16 would be emulated (2 to
-        # 19 times slower a step in eval/reports/precision/); the validation check then decides
+        # emulated bf16 took 2 to 19 times an fp32 step in eval/reports/precision/
         trainer = Trainer(replace(self._train_config(spec, train_file, self.work / "rebuilds" / key),
                                   precision="auto" if cell.get("bf16") else "fp32"))
         precision = "bf16" if trainer.bf16 else "fp32"
