@@ -2,7 +2,10 @@
 
 The verdict is computed from the numbers: for each one-sided strategy, the first checkpoint at which
 its test nDCG@10 (questions of all test sets pooled, seed-averaged) beats cosine's at the same step
-with a paired permutation test p < 0.05; or the statement that it does not within the largest run.
+with a paired permutation test p < 0.05, Holm-adjusted over the checkpoints compared (the verdict asks
+"ahead at any checkpoint?", so one lucky checkpoint of several must not decide it; a checkpoint where it
+is behind enters that family as p = 1); or the statement that it
+does not within the largest run. The data-size verdict adjusts over the sizes the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 
 from rag_mag import durable
 from rag_mag.bench.report import collect_environment
-from rag_mag.bench.stats import compare_paired
+from rag_mag.bench.stats import compare_paired, holm_adjust
 
 ONE_SIDED = ("qnorm", "dnorm")
 ALPHA = 0.05
@@ -45,6 +48,24 @@ def _test_mean(points: Sequence[Mapping], dataset: str) -> float:
     return float(np.mean([point["test"][dataset]["ndcg@10"] for point in points]))
 
 
+def _adjust(rows: list[dict]) -> None:
+    """Add ``p_holm`` (Holm-adjusted over ``rows``, one family) and the family size to each row.
+
+    The family asks "ahead of cosine at any of them?": a row where the strategy is behind is no evidence
+    of that, however small its two-sided p, so it enters the family as p = 1 (else a significant loss at
+    one checkpoint would relax the bar for a gain at another).
+    """
+    directional = [r["p"] if r["delta"] > 0 else 1.0 for r in rows]
+    for row, adjusted in zip(rows, holm_adjust(directional), strict=True):
+        row["p_holm"], row["family"] = adjusted, len(rows)
+
+
+def _p_text(row: Mapping, what: str) -> str:
+    if row.get("family", 1) <= 1:
+        return f"p = {row['p']:.3g}"
+    return f"p = {row['p']:.3g}, Holm-adjusted over {row['family']} {what} {row['p_holm']:.3g}"
+
+
 def verdicts(cells: Sequence[Mapping], datasets: Sequence[str], n_train: int) -> list[dict]:
     main = _points(cells, "main", fraction=1.0)
     if "cosine" not in main:
@@ -59,18 +80,19 @@ def verdicts(cells: Sequence[Mapping], datasets: Sequence[str], n_train: int) ->
                                         n_permutations=2000)
             rows.append({"step": step, "delta": comparison.delta, "ci": list(comparison.delta_ci),
                          "p": comparison.p_value})
-        overtakes = next((r for r in rows if r["step"] > 0 and r["delta"] > 0 and r["p"] < ALPHA), None)
+        _adjust([r for r in rows if r["step"] > 0])
+        overtakes = next((r for r in rows if r["step"] > 0 and r["delta"] > 0 and r["p_holm"] < ALPHA), None)
         largest = max(steps) if steps else 0
         if overtakes:
             text = (f"{strategy} overtakes cosine at {overtakes['step']} steps ({n_train} training pairs): pooled "
                     f"test nDCG@10 {overtakes['delta']:+.2f} (95% CI {overtakes['ci'][0]:+.2f} to "
-                    f"{overtakes['ci'][1]:+.2f}, p = {overtakes['p']:.3g}).")
+                    f"{overtakes['ci'][1]:+.2f}, {_p_text(overtakes, 'checkpoints')}).")
         else:
             last = rows[-1] if rows else None
             text = (f"{strategy} does not overtake cosine within the largest run ({largest} steps, {n_train} "
                     f"training pairs)" + (f": at {largest} steps it is {last['delta']:+.2f} nDCG@10 "
                                           f"(95% CI {last['ci'][0]:+.2f} to {last['ci'][1]:+.2f}, "
-                                          f"p = {last['p']:.3g})." if last else "."))
+                                          f"{_p_text(last, 'checkpoints')})." if last else "."))
         results.append({"strategy": strategy, "by_step": rows, "overtakes_at": overtakes["step"] if overtakes else None,
                         "largest_steps": largest, "text": text})
     return results
@@ -96,16 +118,17 @@ def size_verdicts(cells: Sequence[Mapping], datasets: Sequence[str]) -> list[dic
                          "steps": final[strategy][fraction][0]["step"]})
         if not rows:
             continue
-        overtakes = next((r for r in rows if r["delta"] > 0 and r["p"] < ALPHA), None)
+        _adjust(rows)
+        overtakes = next((r for r in rows if r["delta"] > 0 and r["p_holm"] < ALPHA), None)
         if overtakes:
             text = (f"{strategy} overtakes cosine at {overtakes['pairs']} training pairs ({overtakes['steps']} "
                     f"steps): pooled test nDCG@10 {overtakes['delta']:+.2f} (95% CI {overtakes['ci'][0]:+.2f} to "
-                    f"{overtakes['ci'][1]:+.2f}, p = {overtakes['p']:.3g}).")
+                    f"{overtakes['ci'][1]:+.2f}, {_p_text(overtakes, 'sizes')}).")
         else:
             last = rows[-1]
             text = (f"{strategy} does not overtake cosine at any data size up to {last['pairs']} training pairs "
                     f"({last['steps']} steps): with all of them it is {last['delta']:+.2f} nDCG@10 (95% CI "
-                    f"{last['ci'][0]:+.2f} to {last['ci'][1]:+.2f}, p = {last['p']:.3g}).")
+                    f"{last['ci'][0]:+.2f} to {last['ci'][1]:+.2f}, {_p_text(last, 'sizes')}).")
         results.append({"strategy": strategy, "axis": "data_size", "by_size": rows,
                         "overtakes_at_pairs": overtakes["pairs"] if overtakes else None, "text": text})
     return results
@@ -130,7 +153,9 @@ def render(result: Mapping, command: str) -> tuple[str, dict]:
                   + ", ".join(f"`{label}`" for label in result.get("pending", [])) + ".", ""]
     lines += ["## Verdict", "", "Computed from the numbers below: a strategy overtakes cosine where its pooled "
               "per-question test nDCG@10 (seed-averaged, all test sets) is higher with a paired permutation "
-              f"p < {ALPHA}.", "", "Training length:", ""] + ([f"- {v['text']}" for v in found] or [
+              f"p < {ALPHA}, Holm-adjusted over the checkpoints (or data sizes) compared, since the question is "
+              "whether it is ahead at any of them (one where it is behind counts as p = 1).", "",
+              "Training length:", ""] + ([f"- {v['text']}" for v in found] or [
         "- No verdict yet: cosine and at least one other strategy need a finished main run."]) + [""]
     if by_size:
         lines += ["Training data size:", ""] + [f"- {v['text']}" for v in by_size] + [""]

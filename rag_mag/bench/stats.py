@@ -10,6 +10,7 @@ seeded, so a report is reproducible. Resampling is vectorized with numpy, in blo
   as far from 0 as the observed one, with the usual +1 correction: ``p = (1 + hits) / (1 + n)``.
   Identical systems give p = 1.
 * ``compare_paired(a, b)``: the means, their difference with a bootstrap CI, and the p-value.
+* ``holm_adjust(p_values)``: Holm's step-down adjustment for a family of such tests.
 """
 
 from __future__ import annotations
@@ -84,6 +85,23 @@ def paired_permutation_test(a: Sequence[float] | np.ndarray, b: Sequence[float] 
         # A small tolerance so that ties (e.g. all differences zero) count as "at least as extreme".
         hits += int(np.count_nonzero(permuted >= observed - 1e-12))
     return (1 + hits) / (1 + n_permutations)
+
+
+def holm_adjust(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values from one family of tests, in their input order.
+
+    Use it where one question is asked of several comparisons (does a strategy beat cosine at any of its
+    checkpoints?): an adjusted p below alpha keeps the chance of any false "yes" in the family under alpha.
+    """
+    values = [float(p) for p in p_values]
+    if any(not 0.0 <= p <= 1.0 for p in values):
+        raise ValueError(f"p-values must lie in [0, 1]: got {values}")
+    adjusted = [0.0] * len(values)
+    running = 0.0
+    for rank, index in enumerate(sorted(range(len(values)), key=values.__getitem__)):
+        running = max(running, min(1.0, (len(values) - rank) * values[index]))
+        adjusted[index] = running
+    return adjusted
 
 
 @dataclass(frozen=True)

@@ -360,3 +360,37 @@ def test_the_shipped_config_loads():
         ("cosine", 0, 800), ("cosine", 1, 800), ("qnorm", 0, 800), ("qnorm", 1, 800)}
     assert all(s.steps >= 400 for s in main)
     assert specs[0].group == "tuning" and {s.fraction for s in specs if s.group == "data_size"} == {0.25, 0.5, 1.0}
+
+
+def _main_cell(strategy: str, per_step: dict[int, list[float]]) -> dict:
+    return {"run": {"group": "main", "strategy": strategy, "fraction": 1.0},
+            "curve": [{"step": step,
+                       "test": {"hotpot_qa": {"per_example": values, "ndcg@10": 100 * sum(values) / len(values)}}}
+                      for step, values in per_step.items()]}
+
+
+@pytest.mark.parametrize(("better", "elsewhere"), [(115, "tied"), (115, "behind"), (150, "behind")])
+def test_the_verdict_adjusts_for_asking_at_every_checkpoint(better, elsewhere):
+    """One strategy beats cosine at one of three checkpoints: by 115 of 200 questions (raw p about 0.03,
+    which three looks make about 0.1) the verdict is no, also where it is far behind at the other two
+    (a loss is no evidence of a gain); by 150 of 200 it is yes, at that step."""
+    from rag_mag.bench.crossover_report import verdicts
+    from rag_mag.bench.stats import paired_permutation_test
+
+    cosine = [0.5] * 200
+    winner = [0.6] * better + [0.4] * (200 - better)
+    other = cosine if elsewhere == "tied" else [0.3] * 200
+    cells = [_main_cell("cosine", {0: cosine, 100: cosine, 200: cosine, 400: cosine}),
+             _main_cell("qnorm", {0: cosine, 100: other, 200: winner, 400: other})]
+    raw = paired_permutation_test(winner, cosine, n_permutations=2000)
+    assert raw < 0.05  # each checkpoint alone would have said yes
+
+    (found,) = verdicts(cells, ["hotpot_qa"], n_train=3000)
+    at_200 = next(row for row in found["by_step"] if row["step"] == 200)
+    assert at_200["family"] == 3 and at_200["p_holm"] == pytest.approx(min(1.0, 3 * at_200["p"]))
+    if better == 115:
+        assert at_200["p_holm"] > 0.05 and found["overtakes_at"] is None
+        assert found["text"].startswith("qnorm does not overtake cosine within the largest run (400 steps")
+    else:
+        assert found["overtakes_at"] == 200
+        assert "overtakes cosine at 200 steps" in found["text"] and "Holm-adjusted over 3 checkpoints" in found["text"]

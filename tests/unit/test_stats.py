@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag_mag.bench.stats import bootstrap_ci, bootstrap_means, compare_paired, paired_permutation_test
+from rag_mag.bench.stats import bootstrap_ci, bootstrap_means, compare_paired, holm_adjust, paired_permutation_test
 
 
 def test_bootstrap_ci_covers_the_mean_and_shrinks_with_n():
@@ -79,3 +79,13 @@ def test_to_dict_scales_to_percent():
     assert data["delta"] == pytest.approx(50.0)
     assert data["p_value"] == comparison.p_value
     assert len(data["delta_ci"]) == 2
+
+
+def test_holm_adjust_multiplies_by_rank_and_stays_monotone():
+    # sorted 0.01, 0.02, 0.04 -> 3 x 0.01, 2 x 0.02, 1 x 0.04, each at least the one before; input order kept
+    assert holm_adjust([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert holm_adjust([0.5, 0.4]) == pytest.approx([0.8, 0.8])  # monotone: 0.5 may not fall below 2 x 0.4
+    assert holm_adjust([0.9, 0.8, 0.7]) == pytest.approx([1.0, 1.0, 1.0])  # capped at 1
+    assert holm_adjust([0.03]) == [0.03] and holm_adjust([]) == []
+    with pytest.raises(ValueError, match="must lie in"):
+        holm_adjust([0.2, 1.5])
