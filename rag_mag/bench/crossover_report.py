@@ -4,8 +4,8 @@ The verdict is computed from the numbers: for each one-sided strategy, the first
 its test nDCG@10 (questions of all test sets pooled, seed-averaged) beats cosine's at the same step
 with a paired permutation test p < 0.05, Holm-adjusted over the checkpoints compared (the verdict asks
 "ahead at any checkpoint?", so one lucky checkpoint of several must not decide it; a checkpoint where it
-is behind enters that family as p = 1); or the statement that it
-does not within the largest run. The data-size verdict adjusts over the sizes the same way.
+is behind enters that family as p = 1); or the statement that it does not within the largest run. The
+data-size verdict adjusts over the sizes the same way.
 """
 
 from __future__ import annotations
