@@ -27,11 +27,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "rows are named FILE-STEM:SYSTEM")
     parser.add_argument("--data-root", help="folder of the shared datasets (default: RAG_MAG_DATA_ROOT or "
                                             "../shared/data)")
-    parser.add_argument("--only", action="append", metavar="SYSTEM",
-                        help="score just this system's cells (a strategy such as cosine, or a baseline such as "
-                             "base_cosine; repeat for several) and write no report: to finish a long benchmark "
-                             "piece by piece, e.g. each retriever right after it is trained. Configured retrievers "
-                             "that are not trained yet are skipped")
+    parser.add_argument("--only", action="extend", nargs="+", metavar="SYSTEM",
+                        help="score just these systems' cells (a strategy such as cosine, or a baseline such as "
+                             "base_cosine; list several after one --only or repeat it) and write no report: to "
+                             "finish a long benchmark piece by piece, e.g. each retriever right after it is "
+                             "trained. Configured retrievers that are not trained yet are skipped")
     return parser
 
 

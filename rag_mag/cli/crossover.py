@@ -26,9 +26,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="train N runs at once in N processes (each with the config's train.threads); their "
                              "logs go to artifacts/crossover/worker-K.log")
-    parser.add_argument("--only", nargs="+", metavar="LABEL",
-                        help="train only these runs, e.g. main_dot_s0_400 (labels as in the report's cells/; an "
-                             "unknown label is refused with the list of valid ones)")
+    parser.add_argument("--only", action="extend", nargs="+", metavar="LABEL",
+                        help="train only these runs, e.g. main_dot_s0_400, in the config's order (labels as in the "
+                             "report's cells/; list several after one --only or repeat it; an unknown label is "
+                             "refused with the list of valid ones)")
     parser.add_argument("--rebuild", action="store_true",
                         help="for finished main runs whose best/ checkpoint this machine lacks (a fresh clone "
                              "holds the cells, not the checkpoints): train each again up to the step its cell "

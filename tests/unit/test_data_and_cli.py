@@ -94,3 +94,15 @@ def test_every_help_states_a_default_at_most_once_and_never_none(capsys, command
     # one entry per flag: from one "  --flag" to the next
     for entry in re.split(r" (?=--?[a-z][a-z-]* )", text):
         assert entry.count("(default") <= 1, entry
+
+
+@pytest.mark.parametrize("command", ["crossover", "bench"])
+def test_only_takes_several_names_after_one_flag_or_repeated(command):
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser()
+    importlib.import_module(f"rag_mag.cli.{command}").add_parser(parser.add_subparsers())
+    both = parser.parse_args([command, "c.yaml", "--only", "a", "b", "--only", "c"])
+    assert both.only == ["a", "b", "c"]  # a repeated flag adds to the list, it does not replace it
+    assert parser.parse_args([command, "c.yaml"]).only is None
