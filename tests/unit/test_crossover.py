@@ -394,3 +394,20 @@ def test_the_verdict_adjusts_for_asking_at_every_checkpoint(better, elsewhere):
     else:
         assert found["overtakes_at"] == 200
         assert "overtakes cosine at 200 steps" in found["text"] and "Holm-adjusted over 3 checkpoints" in found["text"]
+
+
+def test_an_overtake_says_whether_the_strategy_rose_above_cosines_best_or_cosine_fell():
+    """Ahead at 400 steps either way; the sentence tells a strategy that climbs past cosine's best from one
+    that only holds up better while cosine overfits."""
+    from rag_mag.bench.crossover_report import verdicts
+
+    def seq(value):
+        return [value] * 150 + [value - 0.2] * 50
+
+    for cosine_at_400, qnorm_at_400, says in ((0.5, 0.7, "is above cosine's best"),
+                                              (0.2, 0.4, "the lead comes from cosine losing more")):
+        cells = [_main_cell("cosine", {0: seq(0.5), 100: seq(0.6), 400: seq(cosine_at_400)}),
+                 _main_cell("qnorm", {0: seq(0.4), 100: seq(0.5), 400: seq(qnorm_at_400)})]
+        (found,) = verdicts(cells, ["hotpot_qa"], n_train=3000)
+        assert found["overtakes_at"] == 400
+        assert says in found["text"]
