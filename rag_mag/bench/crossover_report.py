@@ -66,16 +66,16 @@ def _p_text(row: Mapping, what: str) -> str:
     return f"p = {row['p']:.3g}, Holm-adjusted over {row['family']} {what} {row['p_holm']:.3g}"
 
 
-def _peaks(strategy: str, rows: Sequence[Mapping]) -> str:
+def _peaks(rows: Sequence[Mapping]) -> str:
     """Whether an overtake is the strategy rising above cosine's best, or cosine falling below the strategy:
     each one's highest pooled test nDCG@10 over the checkpoints compared (descriptive; nothing is chosen by
     it)."""
     own = max(rows, key=lambda r: r["mean"])
     cosine = max(rows, key=lambda r: r["cosine_mean"])
-    how = ("above" if own["mean"] > cosine["cosine_mean"] else "not above")
-    return (f"Its best checkpoint (pooled {own['mean']:.1f} at {own['step']} steps) is {how} cosine's best "
-            f"({cosine['cosine_mean']:.1f} at {cosine['step']} steps)"
-            + ("." if how == "above" else ": the lead comes from cosine losing more with longer training."))
+    above = own["mean"] > cosine["cosine_mean"]
+    return (f"Its best checkpoint (pooled {own['mean']:.1f} at {own['step']} steps) is {'' if above else 'not '}"
+            f"above cosine's best ({cosine['cosine_mean']:.1f} at {cosine['step']} steps)"
+            + ("." if above else ": the lead comes from cosine losing more with longer training."))
 
 
 def verdicts(cells: Sequence[Mapping], datasets: Sequence[str], n_train: int) -> list[dict]:
@@ -98,7 +98,7 @@ def verdicts(cells: Sequence[Mapping], datasets: Sequence[str], n_train: int) ->
         if overtakes:
             text = (f"{strategy} overtakes cosine at {overtakes['step']} steps ({n_train} training pairs): pooled "
                     f"test nDCG@10 {overtakes['delta']:+.2f} (95% CI {overtakes['ci'][0]:+.2f} to "
-                    f"{overtakes['ci'][1]:+.2f}, {_p_text(overtakes, 'checkpoints')}). " + _peaks(strategy, rows))
+                    f"{overtakes['ci'][1]:+.2f}, {_p_text(overtakes, 'checkpoints')}). " + _peaks(rows))
         else:
             last = rows[-1] if rows else None
             text = (f"{strategy} does not overtake cosine within the largest run ({largest} steps, {n_train} "
