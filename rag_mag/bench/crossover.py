@@ -34,6 +34,7 @@ import torch
 
 from rag_mag import durable
 from rag_mag.bench.config import fingerprint
+from rag_mag.bench.crossover_report import selected_point
 from rag_mag.bench.datasets import EvalDataset, data_root, load_registry
 from rag_mag.data import iter_jsonl, read_corpus, read_eval, read_triples, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError
@@ -248,7 +249,8 @@ class CrossoverRunner:
                 train_file = self._train_file(spec)
                 key = self._key(spec, train_file)
                 run_dir = self.work / "runs" / key
-                if self._finished(spec, key) and not (rebuild and self._lacks_best(spec, run_dir)):
+                if self._finished(spec, key) and not (rebuild and self._lacks_best(spec, run_dir)) \
+                        and not self._lacks_published_point(spec, run_dir):
                     self._publish(spec, run_dir)
                     continue
                 if time_budget_s and time.monotonic() - started > time_budget_s:
@@ -263,6 +265,9 @@ class CrossoverRunner:
                         trained = True
                     elif rebuild and self._lacks_best(spec, run_dir):
                         self._rebuild(spec, key, train_file, run_dir, validation, rebuild_tolerance)
+                        trained = True
+                    if self._lacks_published_point(spec, run_dir):
+                        self._measure_published(spec, run_dir, tests, validation)
                         trained = True
             if not waiting:
                 return self.collect()
@@ -355,7 +360,7 @@ class CrossoverRunner:
 
         cell = self._cell(spec.label)
         step = cell.get("selected_step")
-        original = {point["step"]: point for point in cell["curve"]}.get(step)
+        original = selected_point(cell)
         if original is None:
             raise CheckpointError(f"{spec.label}: its cell records no selected step with a validation point, "
                                   "so its best/ cannot be rebuilt; train it again (delete its cell)")
@@ -402,6 +407,39 @@ class CrossoverRunner:
         else:
             raise CheckpointError(f"{spec.label}: training ended before step {step}")
         self._publish(spec, run_dir)
+
+    def _lacks_published_point(self, spec: RunSpec, run_dir: Path) -> bool:
+        """A finished main run whose cell has no measurement of the step it published, and whose best/ is here."""
+        cell = self._cell(spec.label)
+        return (spec.group == "main" and bool(cell) and cell.get("selected_step") is not None
+                and selected_point(cell) is None and (run_dir / "best").is_dir())
+
+    def _measure_published(self, spec: RunSpec, run_dir: Path, tests: list[EvalDataset], validation: list) -> None:
+        """Measure a main run's best/ where it is not one of the curve's checkpoints.
+
+        The trainer chooses best/ among its validation steps (every 100), the curve measures only the
+        config's checkpoints, so a run may publish, say, step 300, which the curve never tested. Its
+        validation (per query, which ``--rebuild`` compares against) and test nDCG@10 go into the cell as
+        ``published``; the curves and the verdict keep to the checkpoints every run shares.
+        """
+        from rag_mag.precision import use_bf16
+        from rag_mag.retriever.encoder import MagnitudeEncoder
+        from rag_mag.retriever.trainer import validation_scores
+
+        cell = self._cell(spec.label)
+        step = cell["selected_step"]
+        bf16 = bool(cell.get("bf16")) and use_bf16("auto")  # a bf16 run is measured in fp32 where bf16 is emulated
+        encoder = MagnitudeEncoder.load(run_dir / "best")
+        logger.info("%s: measuring its published best/ (step %d, not a curve checkpoint)", spec.label, step)
+        metrics, per_query = validation_scores(encoder, validation, bf16=bf16)
+        point: dict[str, Any] = {"step": step, "validation": metrics, "validation_per_query": per_query,
+                                 "test": {}, "bf16": bf16}
+        for dataset in tests if spec.group in self.config.test_groups else ():
+            mean, per_example = test_ndcg(encoder, dataset, bf16)
+            point["test"][dataset.name] = {"ndcg@10": mean, "per_example": per_example}
+        write_jsonl(self.cells_dir / f"{spec.label}.json", [{**cell, "published": point}])
+        logger.info("%s published step %d: val nDCG@10 %.1f, test %s", spec.label, step, metrics["ndcg@10"],
+                    " ".join(f"{k}={v['ndcg@10']:.1f}" for k, v in point["test"].items()))
 
     def _save_clock(self, run_dir: Path) -> None:
         """The running run's seconds so far, across its processes (``run_dir/seconds``)."""

@@ -26,6 +26,15 @@ ONE_SIDED = ("qnorm", "dnorm")
 ALPHA = 0.05
 
 
+def selected_point(cell: Mapping) -> Mapping | None:
+    """The measurement of the step a main run published: its curve point there, else its ``published`` one
+    (a step between the curve's checkpoints, measured after the run)."""
+    step = cell.get("selected_step")
+    point = {p["step"]: p for p in cell.get("curve", [])}.get(step)
+    published = cell.get("published")
+    return point or (published if published and published.get("step") == step else None)
+
+
 def _points(cells: Sequence[Mapping], group: str, **match: Any) -> dict[str, dict[int, list[Mapping]]]:
     """strategy -> step -> [curve point per seed] for the cells of a group that match the run fields."""
     found: dict[str, dict[int, list[Mapping]]] = defaultdict(lambda: defaultdict(list))
@@ -209,10 +218,9 @@ def _published(cells: Sequence[Mapping], datasets: Sequence[str]) -> list[str]:
     """Which checkpoint each main run published as best/ (what the benchmark scores), and its test nDCG@10."""
     rows = []
     for cell in (c for c in cells if c["run"]["group"] == "main"):
-        points = {p["step"]: p for p in cell["curve"]}
         step = cell.get("selected_step")  # None: a run finished before the rule was recorded (max)
         rule = cell.get("selection", "max")
-        point = points.get(step)
+        point = selected_point(cell)
         tests = [f"{point['test'][d]['ndcg@10']:.1f}" if point and d in point["test"] else "-" for d in datasets]
         validation = f"{point['validation']['ndcg@10']:.1f}" if point else "-"
         rows.append([cell["label"], rule, "-" if step is None else str(step), validation, *tests])
@@ -222,8 +230,8 @@ def _published(cells: Sequence[Mapping], datasets: Sequence[str]) -> list[str]:
             "`best/` of each main run, the checkpoint `rag-mag bench` scores. `one_se`: the earliest validated "
             "checkpoint whose validation nDCG@10 is within one paired standard error of the best one, the "
             "untrained step 0 included (`rag_mag/retriever/selection.py`); `max`: the highest validation "
-            "nDCG@10 (the rule before it). The trainer validates every 100 steps, so a step that is not a "
-            "measured checkpoint shows no test figures.", "",
+            "nDCG@10 (the rule before it). The trainer validates every 100 steps; a step between the curve's "
+            "checkpoints is measured after its run (`published` in its cell).", "",
             *_table(["run", "rule", "best/ step", "validation", *datasets], rows), ""]
 
 

@@ -224,6 +224,36 @@ def test_rebuild_recreates_a_finished_runs_checkpoint_or_refuses_one_that_differ
     assert not published.exists() and not (run_dir / "best").exists()
 
 
+def test_a_published_step_between_checkpoints_is_measured_from_best_and_can_be_rebuilt(study, tmp_path):
+    from safetensors.torch import load_file
+
+    config = study(runs=[{"group": "main", "strategies": ["qnorm"], "steps": 4}], tuned=[])
+    config.train["precision"] = "fp32"
+    cell = CrossoverRunner(config, "c.yaml").run()["cells"][0]
+    # as when the trainer publishes a validation step the curve does not measure (step 300 of 400 in the study)
+    step = cell["selected_step"]
+    measured = next(point for point in cell["curve"] if point["step"] == step)
+    cells_file = config.out_dir() / "cells" / "main_qnorm_s0_4.json"
+    write_jsonl(cells_file, [{**cell, "curve": [p for p in cell["curve"] if p["step"] != step]}])
+    report = write(CrossoverRunner(config, "c.yaml").collect(), config.out_dir(), "c").read_text()
+    assert f"| main_qnorm_s0_4 | one_se | {step} | - | - |" in report
+    # the next call measures best/ there, the same numbers as the curve had
+    again = CrossoverRunner(config, "c.yaml").run()["cells"][0]
+    published = again["published"]
+    assert published["step"] == step and published["validation_per_query"] == measured["validation_per_query"]
+    assert published["test"]["toy"]["per_example"] == measured["test"]["toy"]["per_example"]
+    assert [p["step"] for p in again["curve"]] == [p["step"] for p in cell["curve"] if p["step"] != step]
+    report = write(CrossoverRunner(config, "c.yaml").collect(), config.out_dir(), "c").read_text()
+    assert f"| main_qnorm_s0_4 | one_se | {step} | {measured['validation']['ndcg@10']:.1f} |" in report
+    # a fresh clone rebuilds that step against the published measurement
+    retriever = tmp_path / "artifacts" / "crossover" / "retrievers" / "main_qnorm_s0_4" / "best"
+    weights = load_file(retriever / "model.safetensors")
+    shutil.rmtree(tmp_path / "artifacts")
+    CrossoverRunner(config, "c.yaml").run(rebuild=True)
+    rebuilt = load_file(retriever / "model.safetensors")
+    assert all(torch.equal(rebuilt[name], weights[name]) for name in weights)
+
+
 def test_test_last_only_measures_the_test_sets_at_the_last_step_alone_and_keeps_other_keys(study):
     runs = [{"group": "main", "strategies": ["cosine"], "steps": 4},
             {"group": "data_size", "strategies": ["cosine"], "fractions": [0.5], "steps": 4}]
