@@ -495,8 +495,9 @@ class CrossoverRunner:
 
     def _measure(self, spec: RunSpec, trainer, curve_path: Path, checkpoints: set[int], tests: list[EvalDataset],
                  validation: list, step: int, encoder) -> None:
-        """The trainer's step hook: at a checkpoint step, append validation (and test) nDCG@10 to the curve."""
-        if step not in checkpoints:
+        """The trainer's step hook: at a checkpoint step, append validation (and test) nDCG@10 to the curve
+        (once: a run resumed after a kill may replay a step it had measured)."""
+        if step not in checkpoints or step in _curve_points(curve_path):
             return
         metrics, per_query = trainer.validation_scores(encoder, validation)
         point: dict[str, Any] = {"step": step, "validation": metrics, "validation_per_query": per_query, "test": {}}

@@ -176,6 +176,8 @@ class Trainer:
         self.bf16 = False  # decided in train() from config.precision and the device
         self.data_fingerprint: dict[str, str | None] = {}
         self.group = ProcessGroup()  # the processes of this run, joined in train()
+        self._unfinished_step: int | None = None  # the step whose hook or validation is running
+        self._resumed_step_finished = True  # whether last/'s step had finished its hook and validation
 
     # ---- set-up
     def _load_data(self) -> tuple[list[Triple], list[Triple]]:
@@ -239,12 +241,13 @@ class Trainer:
         self.group.barrier()  # when train() returns on any rank, the checkpoint is complete
 
     def _save_last(self, encoder: MagnitudeEncoder, optimizer: torch.optim.Optimizer, step: int,
-                   best_metrics: dict, rng_states: list[torch.Tensor]) -> None:
+                   best_metrics: dict, rng_states: list[torch.Tensor], finished: bool = True) -> None:
         """Write model, optimizer, RNG and state complete into a staging folder, fsync it, swap it in.
 
         The previous ``last/`` stays in place until the new one replaces it in one rename, so a kill at any
         moment leaves one complete checkpoint (``trainer_state.json`` lists every other file and its size).
         ``rng_states`` holds each rank's generator state, in rank order (rank 0's alone when interrupted).
+        ``finished`` is False when an interrupt came inside the step's hook or validation (``_finish_step``).
         """
         staging = durable.staging_dir(self.last_dir)
         try:
@@ -263,8 +266,8 @@ class Trainer:
             save_file(tensors, str(staging / OPTIMIZER_NAME))
             durable.fault_point("checkpoint:optimizer")
             files = {path.name: path.stat().st_size for path in sorted(staging.iterdir()) if path.is_file()}
-            state = {"step": step, "world_size": self.group.world_size, "best_metrics": best_metrics,
-                     "candidates": self.candidates, "param_group_sizes": slots,
+            state = {"step": step, "step_finished": finished, "world_size": self.group.world_size,
+                     "best_metrics": best_metrics, "candidates": self.candidates, "param_group_sizes": slots,
                      "config": self.config.to_dict(), "data_fingerprint": self.data_fingerprint, "files": files}
             (staging / STATE_NAME).write_text(json.dumps(state, indent=2))
             durable.fault_point("checkpoint:state")
@@ -391,6 +394,7 @@ class Trainer:
                                           [fn(step) for fn in scheduler.lr_lambdas], strict=True):
             group["lr"] = base_lr * factor
         self.candidates = state.get("candidates", {})
+        self._resumed_step_finished = state.get("step_finished", True)  # checkpoints from before the flag: True
         return step, state.get("best_metrics", {})
 
     # ---- validation
@@ -466,13 +470,17 @@ class Trainer:
 
         progress = tqdm(total=config.steps, initial=step, desc=f"train {config.strategy}", unit="step",
                         disable=not main)
-        on_step = self.on_step if main else None
-        if on_step is not None and step == 0:
+        if self.on_step is not None and main and step == 0:
             self.on_step(0, encoder)
         if validation and step == 0 and config.selection == "one_se":  # the starting model is a candidate
             if main:
                 best_metrics = self._validate_and_keep_best(encoder, validation, 0, best_metrics, history)
             best_metrics = self.group.broadcast_object(best_metrics)
+        if resuming and not self._resumed_step_finished and step > 0:
+            # interrupted inside the step's own work (its hook or validation): last/ holds exactly that step's
+            # weights, so finish that work now instead of losing that step's curve point and best/ candidate
+            logger.info("finishing step %d's measurements, which the interrupted run did not complete", step)
+            best_metrics = self._finish_step(encoder, optimizer, step, None, validation, best_metrics, history)
         encoder.train()
         started = time.perf_counter()
         with logging_redirect_tqdm():
@@ -483,26 +491,14 @@ class Trainer:
                     self.step = step
                     progress.update(1)
                     progress.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.2f}")
-                    if on_step is not None:
-                        on_step(step, encoder)
-                        encoder.train()
-                    if step % config.log_every == 0 or step == config.steps:
-                        record.update(step=step, seconds=round(time.perf_counter() - started, 1))
-                        self._log(record, history)
-                        if main:
-                            self._watch_collapse(record, encoder)
-                    evaluate_now = config.eval_every and step % config.eval_every == 0
-                    if validation and (evaluate_now or step == config.steps):
-                        if main:
-                            best_metrics = self._validate_and_keep_best(encoder, validation, step, best_metrics,
-                                                                        history)
-                        best_metrics = self.group.broadcast_object(best_metrics)
-                    if step % config.save_every == 0 or step == config.steps:
-                        self._checkpoint(encoder, optimizer, step, best_metrics)
+                    record.update(step=step, seconds=round(time.perf_counter() - started, 1))
+                    best_metrics = self._finish_step(encoder, optimizer, step, record, validation, best_metrics,
+                                                     history)
             except KeyboardInterrupt:
                 progress.close()
                 if step > 0 and main:  # no collective here: the other processes may be gone already
-                    self._save_last(encoder, optimizer, step, best_metrics, [torch.get_rng_state()])
+                    self._save_last(encoder, optimizer, step, best_metrics, [torch.get_rng_state()],
+                                    finished=self._unfinished_step != step)
                 logger.warning("interrupted at step %d; run the same command again to resume", step)
                 raise
         progress.close()
@@ -510,6 +506,32 @@ class Trainer:
             encoder.save(self.best_dir)  # nothing to select on: the final model is the best we know
         self.group.barrier()
         return TrainResult(self.best_dir, self.last_dir, step, best_metrics, history)
+
+    def _finish_step(self, encoder, optimizer, step: int, record: dict | None, validation: list[Triple],
+                     best_metrics: dict, history: list[dict]) -> dict:
+        """What follows an optimizer step: the hook, the log, validation, and the checkpoint.
+
+        ``_unfinished_step`` marks the step while its hook and validation run: an interrupt there saves
+        ``last/`` flagged unfinished, and the resumed run calls this again for that step (``record`` None: the
+        step's loss is not replayed) before training on."""
+        config, main = self.config, self.group.is_main
+        self._unfinished_step = step
+        if self.on_step is not None and main:
+            self.on_step(step, encoder)
+            encoder.train()
+        if record is not None and (step % config.log_every == 0 or step == config.steps):
+            self._log(record, history)
+            if main:
+                self._watch_collapse(record, encoder)
+        evaluate_now = config.eval_every and step % config.eval_every == 0
+        if validation and (evaluate_now or step == config.steps):
+            if main:
+                best_metrics = self._validate_and_keep_best(encoder, validation, step, best_metrics, history)
+            best_metrics = self.group.broadcast_object(best_metrics)
+        self._unfinished_step = None
+        if step % config.save_every == 0 or step == config.steps:
+            self._checkpoint(encoder, optimizer, step, best_metrics)
+        return best_metrics
 
     def _step(self, encoder, loss_fn, optimizer, scheduler, train, step: int) -> dict:
         batch = make_batch(train, step, self.config)  # the global batch; this process embeds its shard

@@ -166,6 +166,32 @@ def test_a_resumed_runs_seconds_count_every_process(study, monkeypatch):
     assert [point["seconds"] for point in cell["curve"]] == [0, 200, 500]
 
 
+def test_an_interrupt_inside_a_checkpoints_measurement_loses_no_point(study, tmp_path, monkeypatch):
+    """A SIGTERM during step 2's test evaluation: the resumed run measures step 2 from last/ (saved at step 2)
+    and its curve equals an uninterrupted run's, query for query."""
+    config = study(runs=[{"group": "main", "strategies": ["cosine"], "steps": 4}], tuned=[])
+    config.train["precision"] = "fp32"
+    straight = CrossoverRunner(config, "c.yaml").run()["cells"][0]
+    shutil.rmtree(tmp_path / "artifacts")
+    shutil.rmtree(tmp_path / "report")
+    test_point, interrupt = CrossoverRunner._test_point, [True]
+
+    def interrupted(self, step, *args):
+        if step == 2 and interrupt and interrupt.pop():
+            raise KeyboardInterrupt
+        return test_point(self, step, *args)
+
+    monkeypatch.setattr(CrossoverRunner, "_test_point", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        CrossoverRunner(config, "c.yaml").run()
+    cell = CrossoverRunner(config, "c.yaml").run()["cells"][0]
+    assert [point["step"] for point in cell["curve"]] == [0, 2, 4]
+    for resumed, whole in zip(cell["curve"], straight["curve"], strict=True):
+        assert resumed["validation_per_query"] == whole["validation_per_query"]
+        assert resumed["test"]["toy"]["per_example"] == whole["test"]["toy"]["per_example"]
+    assert cell["selected_step"] == straight["selected_step"]
+
+
 def test_rebuild_recreates_a_finished_runs_checkpoint_or_refuses_one_that_differs(study, tmp_path, monkeypatch,
                                                                                    caplog):
     from safetensors.torch import load_file

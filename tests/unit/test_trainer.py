@@ -91,6 +91,35 @@ def test_an_interrupted_run_resumes_where_it_stopped(setup, tmp_path, monkeypatc
     assert [r for r in resumed.history if "loss" in r][-1]["loss"] == pytest.approx(last_straight, rel=1e-3)
 
 
+def test_an_interrupt_inside_a_steps_hook_is_finished_on_resume(setup, tmp_path, monkeypatch):
+    """last/ saved on an interrupt in step 6's hook holds step 6's weights: the resumed run runs that hook and
+    validates step 6 before training on, so neither the hook's measurement nor the best/ candidate is lost."""
+    straight = Trainer(setup(out=str(tmp_path / "straight")))
+    straight.on_step = lambda step, encoder: None
+    straight_result = straight.train()
+    hooked, interrupt = [], [True]
+
+    def hook(step, encoder):
+        if step == 6 and interrupt and interrupt.pop():
+            raise KeyboardInterrupt
+        hooked.append(step)
+
+    first = Trainer(setup(out=str(tmp_path / "split")))
+    first.on_step = hook
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    state = json.loads((tmp_path / "split" / "last" / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["step_finished"] is False
+    second = Trainer(setup(out=str(tmp_path / "split")))
+    second.on_step = hook
+    resumed = second.train()
+    assert hooked == list(range(13))  # 6 once, by the resumed run, before step 7
+    logged = [json.loads(line) for line in (tmp_path / "split" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "validation" in r] == [0, 6, 12]
+    assert resumed.best_metrics["step"] == straight_result.best_metrics["step"]
+    assert resumed.best_metrics["ndcg@10"] == pytest.approx(straight_result.best_metrics["ndcg@10"])
+
+
 def test_resume_refuses_another_strategy(setup):
     Trainer(setup(steps=4)).train()
     with pytest.raises(CheckpointError, match="--no-resume"):
