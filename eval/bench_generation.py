@@ -11,6 +11,11 @@ the TriviaQA aliases, and how often the two answers agree (a check that both ran
 
     .venv/bin/python eval/bench_generation.py --start-server          # starts and stops its own server
     .venv/bin/python eval/bench_generation.py --url http://127.0.0.1:8000/v1 --prompts 32 --max-tokens 32
+
+``--reserved-cpus 1,0`` instead compares vLLM servers alone, one per value of vLLM's
+``VLLM_CPU_NUM_OF_RESERVED_CPU`` (the cores its CPU worker leaves to the API front end; vLLM reserves 1 by
+default, which on 2 cores leaves the model one core): each server is started, given the same prompts at
+``--concurrency``, and stopped; printed are answers/s and the ratio of each to the first value's.
 """
 
 from __future__ import annotations
@@ -112,6 +117,9 @@ def main() -> None:
                              "generate measured 30x slower here); vLLM serves bfloat16")
     parser.add_argument("--start-server", action="store_true", help="start a vLLM server on a free port, stop it after")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--reserved-cpus", default=None, metavar="N,M,...",
+                        help="compare vLLM servers started with these VLLM_CPU_NUM_OF_RESERVED_CPU values "
+                             "(the first is the baseline) instead of vLLM against transformers")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "haystack", "transformers"):
@@ -121,6 +129,9 @@ def main() -> None:
     prompts = build_prompts(records, args.passages, args.passage_words)
     model_dir = args.model_dir or default_llm_dir()
     load_before = os.getloadavg()[0]
+    if args.reserved_cpus is not None:
+        compare_reserved_cpus(args, prompts, load_before)
+        return
     started_port = None
     if args.start_server:
         started_port = find_free_port()
@@ -172,6 +183,41 @@ def main() -> None:
         print(f"  e.g. {record.question[:60]!r}: vLLM {vllm_answer[:40]!r} | transformers {hf_answer[:40]!r}")
     if args.out:
         durable.write_text(args.out, json.dumps(figures, indent=2) + "\n")
+
+
+def compare_reserved_cpus(args: argparse.Namespace, prompts: list[list[ChatMessage]], load_before: float) -> None:
+    try:
+        values = [int(v) for v in args.reserved_cpus.split(",")]
+    except ValueError:
+        raise SystemExit(f"--reserved-cpus takes whole numbers separated by commas, not {args.reserved_cpus!r}") \
+            from None
+    rows = []
+    for value in values:
+        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(value)  # read by the server start_server launches
+        port = find_free_port()
+        started = time.perf_counter()
+        url = start_server(port=port).api_base_url
+        start_s = time.perf_counter() - started
+        try:
+            seconds, answers = run_vllm(prompts, url, args.model, args.max_tokens, args.concurrency)
+        finally:
+            stop_server(port)
+        rows.append({"reserved_cpus": value, "start_s": round(start_s, 1), "seconds": round(seconds, 1),
+                     "answers_per_s": len(prompts) / seconds, "answers": answers})
+    baseline = rows[0]
+    print(f"{len(prompts)} RAG prompts ({args.passages} passages of <= {args.passage_words} words), max_tokens "
+          f"{args.max_tokens}, {args.concurrency} concurrent; load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores")
+    for row in rows:
+        same = sum(a == b for a, b in zip(row["answers"], baseline["answers"], strict=True)) / len(prompts)
+        row["same_answers_as_baseline"] = same
+        print(f"  VLLM_CPU_NUM_OF_RESERVED_CPU={row['reserved_cpus']}: {row['answers_per_s']:.2f} answers/s "
+              f"({row['seconds']:.1f} s; server start {row['start_s']:.0f} s), "
+              f"{row['answers_per_s'] / baseline['answers_per_s']:.2f}x the first, "
+              f"same answers {100 * same:.0f}%")
+    if args.out:
+        durable.write_text(args.out, json.dumps({"prompts": len(prompts), "concurrency": args.concurrency,
+                                                 "cpu_count": os.cpu_count(), "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

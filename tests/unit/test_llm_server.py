@@ -278,6 +278,16 @@ def test_command_and_environment(model_dir: Path, monkeypatch: pytest.MonkeyPatc
     assert llm_server.build_env(str(model_dir))["VLLM_CPU_KVCACHE_SPACE"] == "8"
 
 
+@pytest.mark.parametrize(("cores", "reserved"), [(1, "0"), (2, "0"), (4, None), (16, None)])
+def test_on_few_cores_the_vllm_worker_computes_on_all_of_them(model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              cores: int, reserved: str | None) -> None:
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    monkeypatch.setattr(llm_server.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert llm_server.build_env(str(model_dir)).get("VLLM_CPU_NUM_OF_RESERVED_CPU") == reserved
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")  # the user's own choice is kept
+    assert llm_server.build_env(str(model_dir))["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+
+
 def test_start_without_the_vllm_environment_says_to_run_setup(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="scripts/setup.sh"):
         llm_server.start_server(str(model_dir), port=closed_port(), python=tmp_path / "missing" / "python")
