@@ -176,8 +176,8 @@ class Trainer:
         self.bf16 = False  # decided in train() from config.precision and the device
         self.data_fingerprint: dict[str, str | None] = {}
         self.group = ProcessGroup()  # the processes of this run, joined in train()
-        self._unfinished_step: int | None = None  # the step whose hook or validation is running
-        self._resumed_step_finished = True  # whether last/'s step had finished its hook and validation
+        # the step whose hook or validation is running, or that last/ says did not finish them
+        self._unfinished_step: int | None = None
 
     # ---- set-up
     def _load_data(self) -> tuple[list[Triple], list[Triple]]:
@@ -394,7 +394,8 @@ class Trainer:
                                           [fn(step) for fn in scheduler.lr_lambdas], strict=True):
             group["lr"] = base_lr * factor
         self.candidates = state.get("candidates", {})
-        self._resumed_step_finished = state.get("step_finished", True)  # checkpoints from before the flag: True
+        # checkpoints from before the flag count as finished
+        self._unfinished_step = None if state.get("step_finished", True) else step
         return step, state.get("best_metrics", {})
 
     # ---- validation
@@ -476,7 +477,7 @@ class Trainer:
             if main:
                 best_metrics = self._validate_and_keep_best(encoder, validation, 0, best_metrics, history)
             best_metrics = self.group.broadcast_object(best_metrics)
-        if resuming and not self._resumed_step_finished and step > 0:
+        if self._unfinished_step is not None:
             # interrupted inside the step's own work (its hook or validation): last/ holds exactly that step's
             # weights, so finish that work now instead of losing that step's curve point and best/ candidate
             logger.info("finishing step %d's measurements, which the interrupted run did not complete", step)
