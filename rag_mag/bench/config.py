@@ -21,11 +21,12 @@ SYSTEM_SEPARATOR = ":"
 
 @dataclass(frozen=True)
 class PipelineEntry:
-    """One scored pipeline: its YAML file, the datasets it answers (empty: all) and a question cap."""
+    """One scored pipeline: its YAML file, the datasets it answers (empty: all) and how many questions of
+    each it answers (None: the config's ``answer_questions``)."""
 
     path: str
     datasets: tuple[str, ...] = ()
-    max_questions: int | None = None
+    answer_questions: int | None = None
 
     @property
     def name(self) -> str:
@@ -68,7 +69,10 @@ class MineConfig:
 class BenchConfig:
     name: str = "bench"
     datasets: list[str] = field(default_factory=list)  # registry names or NAME=EVAL[,CORPUS]
-    max_questions: int | None = None  # per dataset (None: all); the first N, in file order
+    max_questions: int | None = None  # per dataset (None: all); the first N, in file order; all are ranked
+    # The first N of those are also answered, by every row (None: all). Retrieval metrics cover max_questions,
+    # answers (EM, F1, recall@budget) answer_questions: generation is what costs. A pipeline entry may set its own.
+    answer_questions: int | None = None
     dataset_max_questions: dict[str, int] = field(default_factory=dict)  # per-dataset override
     data_root: str | None = None
     strategies: list[str] = field(default_factory=lambda: [s.value for s in Strategy])
@@ -120,9 +124,9 @@ class BenchConfig:
             if Strategy.parse(strategy).value not in self.strategies:
                 raise ConfigError(f"extra_seeds names {strategy!r}, which is not in strategies")
         for name in ("retrieval_top_k", "rag_top_k", "max_tokens", "concurrency", "bootstrap_resamples",
-                     "llm_max_retries"):
+                     "llm_max_retries", "max_questions", "answer_questions"):
             value = getattr(self, name)
-            if value is None and name in ("rag_top_k", "max_tokens"):
+            if value is None and name in ("rag_top_k", "max_tokens", "max_questions", "answer_questions"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "llm_max_retries" else 1):
                 raise ConfigError(f"{name} must be a {'non-negative' if name == 'llm_max_retries' else 'positive'} "
@@ -151,6 +155,13 @@ class BenchConfig:
     def questions_for(self, dataset: str) -> int | None:
         return self.dataset_max_questions.get(dataset, self.max_questions)
 
+    def answered_by(self, entry: PipelineEntry | None) -> int | None:
+        """How many questions of each dataset a row answers (the first N; None: all): a pipeline entry's own
+        ``answer_questions``, else the config's; a reader baseline (``entry`` None) answers the config's."""
+        if entry is not None and entry.answer_questions is not None:
+            return entry.answer_questions
+        return self.answer_questions
+
     def dataset_names(self) -> list[str]:
         """The names the datasets' rows carry (registry names, or NAME of NAME=EVAL[,CORPUS])."""
         return [text.partition("=")[0].strip() for text in self.datasets]
@@ -166,11 +177,15 @@ class BenchConfig:
                 item = {"path": item}
             if not isinstance(item, dict) or not isinstance(item.get("path"), str) or not item["path"].strip():
                 raise ConfigError(f"{where}: give a pipeline file, or a mapping with path (and optionally datasets, "
-                                  f"max_questions); got {item!r}")
-            unknown = sorted(set(item) - {"path", "datasets", "max_questions"})
+                                  f"answer_questions); got {item!r}")
+            unknown = sorted(set(item) - {"path", "datasets", "answer_questions", "max_questions"})
             if unknown:
                 raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; valid fields are: path, "
-                                  "datasets, max_questions")
+                                  "datasets, answer_questions")
+            if "max_questions" in item:  # the older spelling of an entry's answer_questions
+                if "answer_questions" in item:
+                    raise ConfigError(f"{where}: give answer_questions only (max_questions is its older spelling)")
+                item = {**item, "answer_questions": item["max_questions"]}
             datasets = item.get("datasets") or []
             if isinstance(datasets, str) or not isinstance(datasets, list):
                 raise ConfigError(f"{where}.datasets must be a list of dataset names, got {datasets!r}")
@@ -178,10 +193,10 @@ class BenchConfig:
             if missing:
                 raise ConfigError(f"{where}.datasets names {', '.join(map(str, missing))}, which the config does not "
                                   f"list under datasets ({', '.join(known)})")
-            limit = item.get("max_questions")
+            limit = item.get("answer_questions")
             if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-                raise ConfigError(f"{where}.max_questions must be a positive integer, got {limit!r}")
-            entries.append(PipelineEntry(path=item["path"], datasets=tuple(datasets), max_questions=limit))
+                raise ConfigError(f"{where}.answer_questions must be a positive integer, got {limit!r}")
+            entries.append(PipelineEntry(path=item["path"], datasets=tuple(datasets), answer_questions=limit))
         names = [entry.name for entry in entries]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:

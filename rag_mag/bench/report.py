@@ -15,8 +15,10 @@ Public API::
                      "side_selector": SideSelection.to_dict(), "fisher_predictor": FisherPrediction.to_dict()}}
 
 All metrics in [0, 100]; a system without retrieval (closed book) or without generation may leave
-that block empty. ``per_example`` (kept out of results.json): ``{(dataset, system, seed): {"ids": [...],
-"em": array, "f1": array, "recall@5": array, ...}}`` with per-question values in [0, 1]; it drives the
+that block empty. ``n_ranked`` (optional): the number of questions the ranking metrics cover, where it
+differs from ``n_questions`` (the answered ones). ``per_example`` (kept out of results.json):
+``{(dataset, system, seed): {"ids": [...], "em": array, "f1": array, "recall@5": array, ...}}`` with
+per-question values in [0, 1], each array covering the first len(array) of ``ids``; it drives the
 confidence intervals of seed-averaged systems and the paired tests against ``baseline``. ``norms``:
 ``{(dataset, system): {"relevant": array, "irrelevant": array}}`` raw document norms for the histograms.
 
@@ -154,7 +156,7 @@ def _seed_averaged(per_example: Mapping, dataset: str, system: str, seeds: Seque
         if entry is None or metric not in entry:
             return None
         values = np.asarray(entry[metric], dtype=np.float64)
-        entry_ids = list(entry["ids"]) if "ids" in entry else None
+        entry_ids = list(entry["ids"])[: len(values)] if "ids" in entry else None
         if arrays and (len(values) != len(arrays[0]) or (ids is not None and entry_ids not in (None, ids))):
             raise ValueError(f"per-example {metric} of {dataset}/{system} covers different questions in different "
                              "seeds; score every seed on the same questions")
@@ -177,11 +179,16 @@ class Cell:
     diagnostics: dict
     curve: list[float] | None
     mode: str | None
+    n_ranked: int | None = None  # questions the ranking metrics cover (None: the n_questions answered)
+
+    @property
+    def ranked(self) -> int:
+        return self.n_ranked or self.n_questions
 
     def to_dict(self) -> dict:
         return {"dataset": self.dataset, "system": self.system, "seeds": self.seeds, "n_questions": self.n_questions,
-                "means": self.means, "ci": {key: list(value) for key, value in self.cis.items()},
-                "seed_sd": self.seed_sd}
+                "n_ranked": self.ranked, "means": self.means,
+                "ci": {key: list(value) for key, value in self.cis.items()}, "seed_sd": self.seed_sd}
 
 
 def aggregate(rows: Sequence[Mapping], per_example: Mapping | None = None, n_resamples: int = 2000,
@@ -225,7 +232,8 @@ def aggregate(rows: Sequence[Mapping], per_example: Mapping | None = None, n_res
         cells.append(Cell(dataset=dataset, system=system, seeds=sorted(seeds),
                           n_questions=int(members[0].get("n_questions", 0)), means=means, cis=cis, seed_sd=seed_sd,
                           diagnostics=dict(members[0].get("diagnostics") or {}), curve=curve,
-                          mode=(members[0].get("retrieval") or {}).get("mode")))
+                          mode=(members[0].get("retrieval") or {}).get("mode"),
+                          n_ranked=members[0].get("n_ranked")))
     return cells
 
 
@@ -502,6 +510,7 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
     systems = _order([cell.system for cell in cells])
     by_key = {(cell.dataset, cell.system): cell for cell in cells}
     n_questions = {dataset: max(cell.n_questions for cell in cells if cell.dataset == dataset) for dataset in datasets}
+    n_ranked = {dataset: max(cell.ranked for cell in cells if cell.dataset == dataset) for dataset in datasets}
     lines = [f"# rag-mag benchmark report: {title}", ""]
     commit = environment.get("git_commit") or "unknown"
     dirty = " (with uncommitted changes)" if environment.get("git_dirty") else ""
@@ -544,7 +553,10 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
     for dataset in datasets:
         modes = {cell.mode for cell in cells if cell.dataset == dataset and cell.mode}
         mode = f" (recall: {', '.join(sorted(modes))})" if modes else ""
-        rows = [[system + _subset(by_key.get((dataset, system)), n_questions[dataset])]
+        if n_ranked[dataset] != n_questions[dataset]:
+            mode += (f": ranking metrics on {n_ranked[dataset]} questions, recall@budget on the "
+                     f"{n_questions[dataset]} answered")
+        rows = [[system + _subset(by_key.get((dataset, system)), n_ranked[dataset], ranked=True)]
                 + [_with_ci(by_key.get((dataset, system)), metric) for metric in RETRIEVAL_COLUMNS]
                 for system in systems
                 if any(metric in by_key.get((dataset, system), _EMPTY).means for metric in RETRIEVAL_COLUMNS)]
@@ -628,8 +640,12 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
     return "\n".join(lines)
 
 
-def _subset(cell: Cell | None, n_dataset: int) -> str:
-    return f" (n={cell.n_questions})" if cell is not None and cell.n_questions != n_dataset else ""
+def _subset(cell: Cell | None, n_dataset: int, ranked: bool = False) -> str:
+    """`` (n=N)`` when the cell covers fewer questions than the dataset's column (its answers, or its ranking)."""
+    if cell is None:
+        return ""
+    count = cell.ranked if ranked else cell.n_questions
+    return f" (n={count})" if count != n_dataset else ""
 
 
 def _kappa(fisher: Mapping, strategy: str) -> str:

@@ -44,7 +44,7 @@ from rag_mag.errors import ConfigError
 from rag_mag.models import artifacts_dir
 
 logger = logging.getLogger(__name__)
-CELL_FORMAT = 3  # bump when a cell's content changes, so that older cells are recomputed
+CELL_FORMAT = 4  # bump when a cell's content changes, so that older cells are recomputed
 
 
 @dataclass(frozen=True)
@@ -322,7 +322,7 @@ class BenchRunner:
             [row.pipeline.path] + ([self.config.retrieval_pipeline] if row.system.checkpoint is not None else [])
         key = fingerprint(CELL_FORMAT, self.config.encode_precision, self.config.retrieval_top_k, self.config.rag_top_k,
                           self.config.max_tokens, row.name, row.system.digest,
-                          row.pipeline.max_questions if row.pipeline else None,
+                          self.config.answered_by(row.pipeline),
                           [r.id for r in dataset.records], len(dataset.corpus),
                           [file_digest(resolve_pipeline(path)) for path in used],
                           scorer.primary_pipeline(dataset.name))

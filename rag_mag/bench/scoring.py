@@ -6,6 +6,12 @@ by all scored pipelines), and the scored pipeline's answers. The ranking metrics
 diagnostics belong to the retriever, not to the pipeline, so they are reported once per dataset: on
 the row of the first listed pipeline that answers that dataset. Reader baselines run the reader
 pipeline. See ``rag_mag.bench.cells`` for the scoring functions.
+
+Ranking is cheap and generation is not, so the two cover different questions: the ranking metrics
+(and bm25's) every question of the dataset (``max_questions``), the answers and what the reader was
+given (EM, F1, recall@budget) the first ``BenchConfig.answered_by(entry)`` of them, the same first
+questions for every row, so that paired tests stay paired. A cell records both counts
+(``n_questions`` answered, ``n_ranked`` ranked).
 """
 
 from __future__ import annotations
@@ -115,11 +121,12 @@ class CellScorer:
         if system.name == "bm25":
             return self._bm25(dataset)
         if system.name == "closed_book":
-            return self._read(dataset, [[] for _ in dataset.records], "closed_book")
+            view = _first(dataset, self.config.answered_by(None))
+            return self._read(view, [[] for _ in view.records], "closed_book")
         raise ValueError(f"unknown reader baseline {system.name!r}; valid ones are: bm25, closed_book, oracle")
 
     def _dense(self, dataset: EvalDataset, checkpoint: Path, entry: PipelineEntry, name: str) -> dict:
-        view = _first(dataset, entry.max_questions)
+        view = _first(dataset, self.config.answered_by(entry))
         ranking = self.ranking(dataset, checkpoint)
         pipeline = self._pipeline(entry.path, {"index": str(self.index(dataset, checkpoint).path),
                                                "retriever": str(checkpoint), "top_k": self.config.rag_top_k,
@@ -129,12 +136,12 @@ class CellScorer:
                                     progress=f"{dataset.name}/{name}")
         cell = self._answers(view, [r["reply"] for r in results])
         given = [[passage_id for passage_id, _ in r["documents"]] for r in results]
-        ranked = [r["ids"] for r in ranking[: len(view.records)]]
+        ranked = [r["ids"] for r in ranking]
         if self.primary_pipeline(dataset.name) == entry.name:
-            cell.update(ranking_scores(view, ranked))
+            cell.update(ranking_scores(dataset, ranked), n_ranked=len(ranked))
             query_norms = np.array([r["query_raw_norm"] for r in ranking], dtype=float)
             cell.update(diagnostics(dataset, query_norms, self.index(dataset, checkpoint).document_raw_norms))
-        add_budget(cell, budget_recall(view, given, ranked))
+        add_budget(cell, budget_recall(view, given, ranked[: len(view.records)]))
         cell["rounds"] = float(np.mean([r.get("rounds", 1) for r in results])) if results else 1.0
         cell["top_ids"] = given
         return cell
@@ -143,20 +150,22 @@ class CellScorer:
         ranked = bm25_rank(dataset, self.config.retrieval_top_k)
         top_k = self.config.rag_top_k or DEFAULT_READER_TOP_K
         documents = {d.id: d for d in corpus_documents(dataset)}
-        given = [[documents[i] for i in ids[:top_k]] for ids in ranked]
-        cell = self._read(dataset, given, "bm25")
-        cell.update(ranking_scores(dataset, ranked))
-        add_budget(cell, budget_recall(dataset, [[d.id for d in docs] for docs in given], ranked))
+        view = _first(dataset, self.config.answered_by(None))
+        given = [[documents[i] for i in ids[:top_k]] for ids in ranked[: len(view.records)]]
+        cell = self._read(view, given, "bm25")
+        cell.update(ranking_scores(dataset, ranked), n_ranked=len(ranked))
+        add_budget(cell, budget_recall(view, [[d.id for d in docs] for docs in given], ranked))
         cell["top_ids"] = [[d.id for d in docs] for docs in given]
         return cell
 
     def _oracle(self, dataset: EvalDataset) -> dict | None:
-        gold = gold_documents(dataset, self.config.rag_top_k or DEFAULT_READER_TOP_K)
+        view = _first(dataset, self.config.answered_by(None))
+        gold = gold_documents(view, self.config.rag_top_k or DEFAULT_READER_TOP_K)
         if gold is None:
             logger.info("%s names no gold passages (no supporting or answer-bearing contexts): no oracle row",
                         dataset.name)
             return None
-        cell = self._read(dataset, gold, "oracle")
+        cell = self._read(view, gold, "oracle")
         cell["oracle_without_gold"] = sum(1 for docs in gold if not docs)
         cell["budget"] = {"mean": float(np.mean([len(docs) for docs in gold])), "max": max(len(d) for d in gold)}
         return cell

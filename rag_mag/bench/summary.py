@@ -28,7 +28,8 @@ def cell_to_row(cell: dict, predictors: dict, resamples: int) -> dict:
         diagnostics["side_selector_training_data"] = predictors.get("training_data", {}).get("delta_cv")
         diagnostics["fisher_predictor"] = predictors.get("training_data", {}).get("fisher")
     return {"dataset": cell["dataset"], "system": cell["system"], "seed": cell["seed"],
-            "n_questions": cell["n_questions"], "retrieval": retrieval, "rag": rag, "diagnostics": diagnostics,
+            "n_questions": cell["n_questions"], "n_ranked": cell.get("n_ranked"), "retrieval": retrieval,
+            "rag": rag, "diagnostics": diagnostics,
             "pipeline": cell.get("pipeline"), "budget": cell.get("budget"), "rounds": cell.get("rounds"),
             "seconds": cell.get("seconds")}
 
@@ -129,8 +130,9 @@ def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict, f
     per_example, norms = {}, {}
     for cell in cells:
         key = (cell["dataset"], cell["system"], cell["seed"])
-        # a row may answer only the first n questions (a pipeline's max_questions)
-        values = {"ids": [r.id for r in datasets[cell["dataset"]].records][: cell["n_questions"]]}
+        # each metric covers the dataset's first len(values) questions: answers the first n_questions
+        # (answer_questions), the ranking metrics all of them
+        values = {"ids": [r.id for r in datasets[cell["dataset"]].records]}
         values.update({k: np.asarray(v) for k, v in cell["rag_per_example"].items()})
         values.update({k: np.asarray(v) for k, v in (cell.get("retrieval_per_example") or {}).items()})
         per_example[key] = values

@@ -21,7 +21,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("config", help="benchmark YAML, e.g. eval/configs/quick.yaml")
     parser.add_argument("--output-dir", help="write the report here instead of eval/reports/<name>")
     parser.add_argument("--llm-url", help="use this vLLM server (default: RAG_MAG_VLLM_URL or 127.0.0.1:8000)")
-    parser.add_argument("--max-questions", type=int, help="override max_questions for every dataset")
+    parser.add_argument("--max-questions", type=int, help="override max_questions for every dataset (the questions "
+                                                          "ranked)")
+    parser.add_argument("--answer-questions", type=int, help="override answer_questions: every row answers the "
+                                                             "first N questions of each dataset")
     parser.add_argument("--pipeline", action="append", metavar="FILE",
                         help="score this pipeline YAML instead of the config's pipelines (repeat for several); its "
                              "rows are named FILE-STEM:SYSTEM")
@@ -45,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.update(pipelines=list(args.pipeline), pipeline=None)
     if args.max_questions is not None:
         overrides.update(max_questions=args.max_questions, dataset_max_questions={})
+    if args.answer_questions is not None:
+        overrides.update(answer_questions=args.answer_questions)
     config = load_bench_config(args.config, overrides)
     out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]]), only=args.only).run()
     if args.only:

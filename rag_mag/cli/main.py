@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # its per-load "Loading weights" bars drown our own progress
-    for noisy in ("httpx", "urllib3", "haystack", "transformers", "datasets", "filelock", "bm25s"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    for noisy in ("httpx", "httpx2", "openai", "urllib3", "haystack", "transformers", "datasets", "filelock", "bm25s"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))  # httpx2, openai: a line per vLLM request
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

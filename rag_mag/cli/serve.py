@@ -98,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.serving import llm_server
 
     specs = resolve_indexes(args.indexes)
-    for noisy in ("httpx2", "openai"):  # one line per vLLM request otherwise
-        logging.getLogger(noisy).setLevel(max(logging.getLogger().level, logging.WARNING))
     if llm_server.port_in_use(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (another demo?); stop it or choose "
                           "another with --port")

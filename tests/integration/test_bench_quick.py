@@ -25,13 +25,15 @@ def test_quick_benchmark_writes_a_complete_report(tmp_path, vllm_server):
     assert {(r["dataset"], r["system"]) for r in rows} == EXPECTED  # both pipelines produce rows
     assert results["failures"] == []
     for row in rows:
-        assert row["n_questions"] == (8 if row["system"].startswith("rag_multihop:") else 16)
+        # answers: answer_questions (12; the multi-hop entry's own 8); the ranking: all max_questions (16)
+        assert row["n_questions"] == (8 if row["system"].startswith("rag_multihop:") else 12)
         low, high = row["rag"]["em_ci"]
         assert 0 <= low <= row["rag"]["em"] <= high <= 100
         assert 0 <= row["rag"]["f1"] <= 100
         if row["system"].startswith("rag:") or row["system"] == "bm25":  # the retriever's ranking, once per dataset
             assert set(row["retrieval"]) >= {"recall@1", "recall@5", "recall@20", "ndcg@10", "mrr@10"}
             assert row["retrieval"]["recall@1"] <= row["retrieval"]["recall@5"] <= row["retrieval"]["recall@20"]
+            assert row["n_ranked"] == 16
             assert row["budget"]["max"] == 3  # rag_top_k passages given to the reader
         if row["system"] in ("rag:cosine", "rag:qnorm", "rag:base_cosine"):
             assert "document_norm_cohens_d" in row["diagnostics"]

@@ -72,17 +72,25 @@ def timeout_error() -> openai.APITimeoutError:
 def test_pipelines_default_to_rag_yaml_and_accept_entries_with_datasets_and_question_caps():
     assert config().pipeline_entries() == [PipelineEntry("pipelines/rag.yaml")]
     entries = config(pipelines=["pipelines/rag.yaml", {"path": "pipelines/rag_multihop.yaml", "datasets": ["toy"],
-                                                       "max_questions": 50}]).pipeline_entries()
+                                                       "answer_questions": 50}]).pipeline_entries()
     assert [e.name for e in entries] == ["rag", "rag_multihop"]
     assert entries[1].covers("toy") and not entries[1].covers("open") and entries[0].covers("open")
-    assert entries[1].max_questions == 50
+    assert entries[1].answer_questions == 50
+    # an entry's own count wins; other rows (and the reader baselines) answer the config's answer_questions
+    settings = config(answer_questions=7, pipelines=["pipelines/rag.yaml", {"path": "pipelines/rag_multihop.yaml",
+                                                                            "max_questions": 3}])  # older spelling
+    assert [settings.answered_by(e) for e in settings.pipeline_entries()] == [7, 3] and settings.answered_by(None) == 7
+    assert config().answered_by(None) is None  # all of them
     assert config(pipeline="my/own.yaml").pipeline_entries() == [PipelineEntry("my/own.yaml")]  # older configs
 
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"pipelines": [{"path": "p.yaml", "datasets": ["nope"]}]}, "names nope, which the config does not list"),
     ({"pipelines": ["a/rag.yaml", "b/rag.yaml"]}, "share the name 'rag'"),
-    ({"pipelines": [{"path": "p.yaml", "max_questions": 0}]}, "max_questions must be a positive integer"),
+    ({"pipelines": [{"path": "p.yaml", "max_questions": 0}]}, "answer_questions must be a positive integer"),
+    ({"pipelines": [{"path": "p.yaml", "max_questions": 2, "answer_questions": 2}]}, "older spelling"),
+    ({"answer_questions": 0}, "answer_questions must be a positive integer"),
+    ({"max_questions": "all"}, "max_questions must be a positive integer"),
     ({"pipelines": [{"path": "p.yaml", "top_k": 3}]}, "unknown field"),
     ({"pipelines": []}, "non-empty list"),
     ({"pipelines": ["oracle.yaml"]}, "baseline's"),
@@ -179,7 +187,7 @@ def checkpoint(tmp_path_factory):
 def test_dense_rows_run_the_yaml_pipelines_and_judge_the_union_of_rounds(tmp_path, checkpoint, monkeypatch):
     monkeypatch.setenv("RAG_MAG_ARTIFACTS", str(tmp_path / "artifacts"))
     entries = ["pipelines/rag.yaml", {"path": "pipelines/rag_multihop.yaml", "datasets": ["toy"],
-                                      "max_questions": 1}]
+                                      "answer_questions": 1}]
     answer, followup = ScriptedChat("thames"), ScriptedChat("capital of france")
     scorer = CellScorer(config(concurrency=1, rag_top_k=2, pipelines=entries), "http://127.0.0.1:9/v1",
                         GenerationCache(tmp_path / "cache.jsonl"),
@@ -197,6 +205,41 @@ def test_dense_rows_run_the_yaml_pipelines_and_judge_the_union_of_rounds(tmp_pat
     assert "ndcg@10" not in multi["retrieval"] and "diagnostics" not in multi  # shown once, on the rag row
     assert len(multi["retrieval_per_example"]["round1_recall@budget"]) == 1
     assert "Search query" in "".join(followup.prompts) and len(answer.prompts) == 1
+
+
+def test_every_question_is_ranked_and_only_the_first_answer_questions_are_answered(tmp_path, checkpoint,
+                                                                                 monkeypatch):
+    monkeypatch.setenv("RAG_MAG_ARTIFACTS", str(tmp_path / "artifacts"))
+    llm, reader = ScriptedChat("thames"), ScriptedChat("thames")
+    scorer = CellScorer(config(concurrency=1, rag_top_k=2, answer_questions=1), "http://127.0.0.1:9/v1",
+                        GenerationCache(tmp_path / "cache.jsonl"), components={"rag": {"llm": llm},
+                                                                              "reader": {"llm": reader}})
+    dataset = supporting_dataset()
+    dense = scorer.evaluate(dataset, Row(System("qnorm", 0, checkpoint), PipelineEntry("pipelines/rag.yaml")))
+    assert dense["n_questions"] == 1 and dense["n_ranked"] == 2 and len(llm.prompts) == 1
+    assert len(dense["retrieval_per_example"]["ndcg@10"]) == 2  # the ranking: every question
+    assert len(dense["retrieval_per_example"]["recall@budget"]) == 1 and len(dense["rag_per_example"]["f1"]) == 1
+    bm25 = scorer.evaluate(dataset, Row(System("bm25", 0, None), None))
+    assert bm25["n_questions"] == 1 and bm25["n_ranked"] == 2 and len(bm25["retrieval_per_example"]["ndcg@10"]) == 2
+    for name in ("oracle", "closed_book"):
+        assert scorer.evaluate(dataset, Row(System(name, 0, None), None))["n_questions"] == 1
+    assert len(reader.prompts) == 3  # one question each, not two
+
+
+def test_paired_tests_pair_each_metric_on_the_questions_it_covers():
+    ids = [f"q{i}" for i in range(40)]
+    rng = np.random.default_rng(3)
+    ndcg = rng.random(40)
+    per_example = {("toy", "rag:cosine", 0): {"ids": ids, "f1": np.zeros(10), "ndcg@10": ndcg},
+                   ("toy", "rag:qnorm", 0): {"ids": ids, "f1": np.ones(10), "ndcg@10": ndcg + 0.1}}
+    rows = [{"dataset": "toy", "system": name, "seed": 0, "n_questions": 10, "n_ranked": 40,
+             "rag": {"f1": 0.0}, "retrieval": {"ndcg@10": 0.0}} for name in ("rag:cosine", "rag:qnorm")]
+    cells = aggregate(rows, per_example, n_resamples=50)
+    assert {cell.ranked for cell in cells} == {40}
+    comparisons = {c["metric"]: c for c in compare_to_baseline(cells, per_example, n_resamples=50,
+                                                                n_permutations=50)}
+    assert comparisons["f1"]["n"] == 10 and comparisons["f1"]["delta"] == pytest.approx(100.0)
+    assert comparisons["ndcg@10"]["n"] == 40 and comparisons["ndcg@10"]["delta"] == pytest.approx(10.0)
 
 
 # ------------------------------------------------------------------------------ a slow server
@@ -241,7 +284,7 @@ def test_shipped_configs_load_and_score_both_pipelines():
         assert [entry.name for entry in configs[name].pipeline_entries()] == ["rag", "rag_multihop"], name
         assert "oracle" in configs[name].baselines, name
     multihop = configs["cpu"].pipeline_entries()[1]
-    assert set(multihop.datasets) == {"hotpot_qa", "musique", "2wikimultihopqa"} and multihop.max_questions
+    assert set(multihop.datasets) == {"hotpot_qa", "musique", "2wikimultihopqa"} and multihop.answer_questions
     assert "2wikimultihopqa" in configs["cpu"].datasets
 
 
