@@ -7,7 +7,8 @@ included); a rerun skips cells whose key still matches, so an interrupted benchm
 stopped. A cell whose generations keep failing is reported and skipped; the run goes on. Trained
 retrievers are cached under ``artifacts/bench/retrievers/<key>`` (the key hashes the training config
 and the data), indexes under ``artifacts/bench/indexes/<key>``, and pipeline results per question in
-``<report>/cache/``.
+``<report>/cache/``. Each corpus an unfinished dense cell needs is indexed and ranked before the vLLM
+server starts (``rank_first``), so that encoding has both cores to itself.
 
 A dense cell's key names its retriever by content (``checkpoint_digest``), not by path, and
 ``<report>/retrievers.json`` records each configured retriever's digest and training log. So a report
@@ -287,10 +288,12 @@ class BenchRunner:
         self.systems = systems
         self.write_records()
         rows = self.rows(systems)
+        scorer = CellScorer(self.config, None, GenerationCache(self.out / "cache" / "generations.jsonl"))
+        work = [(dataset, row) for dataset in datasets.values() for row in rows
+                if row.pipeline is None or row.pipeline.covers(dataset.name)]
+        self.rank_first(work, scorer)
         with running_server(self.config.llm_url, start=self.config.start_llm) as llm_url:
-            scorer = CellScorer(self.config, llm_url, GenerationCache(self.out / "cache" / "generations.jsonl"))
-            work = [(dataset, row) for dataset in datasets.values() for row in rows
-                    if row.pipeline is None or row.pipeline.covers(dataset.name)]
+            scorer.llm_url = llm_url
             cells, failures = self.score_cells(work, scorer)
         if not cells:
             raise CellFailed("every benchmark cell failed; see the errors above: " +
@@ -301,6 +304,17 @@ class BenchRunner:
             return self.out
         predictors = side_predictors(datasets, train_file, self.config)
         return write_outputs(self, cells, predictors, datasets, failures)
+
+    def rank_first(self, work: list[tuple[EvalDataset, Row]], scorer) -> int:
+        """Index and rank each corpus that an unfinished dense cell needs, before the vLLM server starts: encoding
+        is most of a retriever's cost, and an idle server would take a third of a core from it. Returns how many
+        (retriever, dataset) rankings were made."""
+        needed = {(dataset.name, str(row.system.checkpoint)): (dataset, row.system.checkpoint)
+                  for dataset, row in work if row.system.checkpoint is not None and not row.system.missing
+                  and self._saved(dataset, row, scorer) is None}
+        for dataset, checkpoint in needed.values():
+            scorer.ranking(dataset, checkpoint)
+        return len(needed)
 
     def score_cells(self, work: list[tuple[EvalDataset, Row]], scorer) -> tuple[list[dict], list[dict]]:
         """Every (dataset, row) cell in turn; one that fails (``CellFailed``) is recorded and the run goes on."""
@@ -317,21 +331,30 @@ class BenchRunner:
                 cells.append(cell)
         return cells, failures
 
-    def _cell(self, dataset: EvalDataset, row: Row, scorer, number: int, total: int) -> dict | None:
+    def _key(self, dataset: EvalDataset, row: Row, scorer) -> str:
+        """Everything a cell depends on: settings, the retriever's content, the questions, the pipeline files."""
         used = [self.config.reader_pipeline] if row.pipeline is None else \
             [row.pipeline.path] + ([self.config.retrieval_pipeline] if row.system.checkpoint is not None else [])
-        key = fingerprint(CELL_FORMAT, self.config.encode_precision, self.config.retrieval_top_k, self.config.rag_top_k,
-                          self.config.max_tokens, row.name, row.system.digest,
-                          self.config.answered_by(row.pipeline),
-                          [r.id for r in dataset.records], len(dataset.corpus),
-                          [file_digest(resolve_pipeline(path)) for path in used],
-                          scorer.primary_pipeline(dataset.name))
+        return fingerprint(CELL_FORMAT, self.config.encode_precision, self.config.retrieval_top_k,
+                           self.config.rag_top_k, self.config.max_tokens, row.name, row.system.digest,
+                           self.config.answered_by(row.pipeline),
+                           [r.id for r in dataset.records], len(dataset.corpus),
+                           [file_digest(resolve_pipeline(path)) for path in used],
+                           scorer.primary_pipeline(dataset.name))
+
+    def _saved(self, dataset: EvalDataset, row: Row, scorer) -> dict | None:
+        """The cell saved by an earlier run, if its key still matches."""
         path = self.cells_dir / f"{dataset.name}__{row.label}.json"
-        if path.is_file():
-            saved = json.loads(path.read_text())
-            if saved.get("key") == key:
-                logger.info("[%d/%d] %s / %s: done earlier, reused", number, total, dataset.name, row.name)
-                return saved
+        if not path.is_file():
+            return None
+        saved = json.loads(path.read_text())
+        return saved if saved.get("key") == self._key(dataset, row, scorer) else None
+
+    def _cell(self, dataset: EvalDataset, row: Row, scorer, number: int, total: int) -> dict | None:
+        saved = self._saved(dataset, row, scorer)
+        if saved is not None:
+            logger.info("[%d/%d] %s / %s: done earlier, reused", number, total, dataset.name, row.name)
+            return saved
         if row.system.missing:
             raise CellFailed(f"its retriever {row.system.checkpoint} is not on this machine and never scored this "
                              "cell; train it again here (see the config's comments), or drop it from `retrievers:`")
@@ -340,10 +363,10 @@ class BenchRunner:
         cell = scorer.evaluate(dataset, row)
         if cell is None:
             return None
-        cell.update(key=key, dataset=dataset.name, system=row.name, seed=row.system.seed,
+        cell.update(key=self._key(dataset, row, scorer), dataset=dataset.name, system=row.name, seed=row.system.seed,
                     pipeline=row.pipeline.path if row.pipeline else self.config.reader_pipeline,
                     seconds=round(time.perf_counter() - started, 1))
-        write_jsonl_atomic(path, cell)
+        write_jsonl_atomic(self.cells_dir / f"{dataset.name}__{row.label}.json", cell)
         return cell
 
     def environment(self) -> dict[str, Any]:

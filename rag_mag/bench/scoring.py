@@ -56,9 +56,10 @@ DEFAULT_READER_TOP_K = 3  # passages for the bm25 reader and oracle cap when rag
 
 
 class CellScorer:
-    def __init__(self, config: BenchConfig, llm_url: str, cache: GenerationCache,
+    def __init__(self, config: BenchConfig, llm_url: str | None, cache: GenerationCache,
                  components: dict[str, dict[str, Any]] | None = None) -> None:
-        """``components``: per pipeline file stem, component instances to use instead of the file's (tests)."""
+        """``llm_url``: the vLLM server's; None until it is up (indexing and ranking need none).
+        ``components``: per pipeline file stem, component instances to use instead of the file's (tests)."""
         self.config = config
         self.llm_url = llm_url
         self.cache = cache
@@ -77,6 +78,8 @@ class CellScorer:
         resolved = resolve_pipeline(path)
         overrides = parameter_overrides(resolved, values, required)
         if generators:
+            if self.llm_url is None:
+                raise RuntimeError(f"{path} needs the vLLM server, which is not up yet")
             overrides.update(generator_overrides(resolved, self.llm_url, self.config.llm_timeout,
                                                  self.config.llm_max_retries))
         return BenchPipeline(resolved, overrides, self.cache, concurrency=concurrency,

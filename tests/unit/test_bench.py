@@ -3,6 +3,8 @@ row, and the generator's retries (scripted chat components stand in for VLLMChat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import numpy as np
 import openai
@@ -330,6 +332,37 @@ def test_a_failed_cell_is_recorded_and_the_next_cells_still_run(tmp_path):
     assert (tmp_path / "cells" / "toy__oracle__s0.json").is_file()
     assert not (tmp_path / "cells" / "toy__closed_book__s0.json").exists()  # a rerun computes it again
     assert "| toy | closed_book | reader.yaml: the generator failed" in failures_section(failures)
+
+
+def test_corpora_are_ranked_before_the_server_starts_and_only_for_unfinished_cells(tmp_path, checkpoint):
+    from rag_mag.bench.runner import BenchRunner
+
+    class Scorer:
+        def __init__(self):
+            self.ranked = []
+
+        def primary_pipeline(self, dataset):
+            return "rag"
+
+        def ranking(self, dataset, checkpoint):
+            self.ranked.append((dataset.name, checkpoint))
+
+        def evaluate(self, dataset, row):
+            return {"n_questions": len(dataset.records)}
+
+    runner = BenchRunner(config(output_dir=str(tmp_path)), "test.yaml", "rag-mag bench test.yaml")
+    other = replace(supporting_dataset(), name="other")
+    dense = Row(System("qnorm", 0, checkpoint, "digest"), PipelineEntry("pipelines/rag.yaml"))
+    multihop = Row(dense.system, PipelineEntry("pipelines/rag_multihop.yaml"))
+    work = [(dataset, row) for dataset in (supporting_dataset(), other)
+            for row in (dense, multihop, Row(System("bm25", 0, None), None))]
+    scorer = Scorer()
+    assert runner.rank_first(work, scorer) == 2  # one ranking per retriever and dataset, however many pipelines
+    runner.score_cells([(supporting_dataset(), dense), (other, dense), (other, multihop)], scorer)
+    assert runner.rank_first(work, scorer) == 1  # toy's ranking: its rag_multihop cell is still unfinished
+    assert scorer.ranked[-1] == ("toy", checkpoint)
+    runner.score_cells([(supporting_dataset(), multihop)], scorer)
+    assert runner.rank_first(work, scorer) == 0 and len(scorer.ranked) == 3  # every dense cell done: no encoding
 
 
 def test_a_retriever_gone_from_the_machine_counts_with_the_cells_it_scored_and_no_others(tmp_path, checkpoint):
