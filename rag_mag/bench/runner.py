@@ -291,7 +291,10 @@ class BenchRunner:
         scorer = CellScorer(self.config, None, GenerationCache(self.out / "cache" / "generations.jsonl"))
         work = [(dataset, row) for dataset in datasets.values() for row in rows
                 if row.pipeline is None or row.pipeline.covers(dataset.name)]
-        self.rank_first(work, scorer)
+        started = time.perf_counter()
+        if ranked := self.rank_first(work, scorer):
+            logger.info("indexed and ranked %d (retriever, dataset) pairs in %.0f s, before starting vLLM", ranked,
+                        time.perf_counter() - started)
         with running_server(self.config.llm_url, start=self.config.start_llm) as llm_url:
             scorer.llm_url = llm_url
             cells, failures = self.score_cells(work, scorer)
