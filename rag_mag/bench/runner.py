@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -295,7 +296,9 @@ class BenchRunner:
         if ranked := self.rank_first(work, scorer):
             logger.info("indexed and ranked %d (retriever, dataset) pairs in %.0f s, before starting vLLM", ranked,
                         time.perf_counter() - started)
-        with running_server(self.config.llm_url, start=self.config.start_llm) as llm_url:
+        pending = any(self._saved(dataset, row, scorer) is None for dataset, row in work)
+        server = running_server(self.config.llm_url, start=self.config.start_llm) if pending else nullcontext()
+        with server as llm_url:  # every cell done earlier: no server needed to write the report
             scorer.llm_url = llm_url
             cells, failures = self.score_cells(work, scorer)
         if not cells:
