@@ -112,6 +112,10 @@ class CellScorer:
                                           self.config.concurrency)
         return self._reader
 
+    def _answered(self, dataset: EvalDataset, entry: PipelineEntry | None = None) -> EvalDataset:
+        """The questions a row answers: the dataset's first ``answered_by(entry)`` (see the module docstring)."""
+        return _first(dataset, self.config.answered_by(entry))
+
     # ------------------------------------------------------------------ cells
     def evaluate(self, dataset: EvalDataset, row) -> dict | None:
         """The cell of ``row`` (a runner ``Row``) on ``dataset``; None when the row does not apply (an oracle
@@ -124,12 +128,12 @@ class CellScorer:
         if system.name == "bm25":
             return self._bm25(dataset)
         if system.name == "closed_book":
-            view = _first(dataset, self.config.answered_by(None))
+            view = self._answered(dataset)
             return self._read(view, [[] for _ in view.records], "closed_book")
         raise ValueError(f"unknown reader baseline {system.name!r}; valid ones are: bm25, closed_book, oracle")
 
     def _dense(self, dataset: EvalDataset, checkpoint: Path, entry: PipelineEntry, name: str) -> dict:
-        view = _first(dataset, self.config.answered_by(entry))
+        view = self._answered(dataset, entry)
         ranking = self.ranking(dataset, checkpoint)
         pipeline = self._pipeline(entry.path, {"index": str(self.index(dataset, checkpoint).path),
                                                "retriever": str(checkpoint), "top_k": self.config.rag_top_k,
@@ -153,7 +157,7 @@ class CellScorer:
         ranked = bm25_rank(dataset, self.config.retrieval_top_k)
         top_k = self.config.rag_top_k or DEFAULT_READER_TOP_K
         documents = {d.id: d for d in corpus_documents(dataset)}
-        view = _first(dataset, self.config.answered_by(None))
+        view = self._answered(dataset)
         given = [[documents[i] for i in ids[:top_k]] for ids in ranked[: len(view.records)]]
         cell = self._read(view, given, "bm25")
         cell.update(ranking_scores(dataset, ranked), n_ranked=len(ranked))
@@ -162,7 +166,7 @@ class CellScorer:
         return cell
 
     def _oracle(self, dataset: EvalDataset) -> dict | None:
-        view = _first(dataset, self.config.answered_by(None))
+        view = self._answered(dataset)
         gold = gold_documents(view, self.config.rag_top_k or DEFAULT_READER_TOP_K)
         if gold is None:
             logger.info("%s names no gold passages (no supporting or answer-bearing contexts): no oracle row",
