@@ -354,7 +354,8 @@ class CrossoverRunner:
         step the cell selected. That checkpoint's validation
         nDCG@10 must be within ``tolerance`` points of the cell's at the same step (training is
         deterministic for one precision and kernel set; another CPU's kernels may round differently);
-        then it becomes ``best/`` and ``rebuilt.json`` records the comparison. Otherwise nothing is published.
+        then it becomes ``best/``, ``rebuilt.json`` records the comparison and ``train_log.jsonl`` the rebuild's
+        own training log (to the selected step). Otherwise nothing is published.
         """
         from rag_mag.retriever.trainer import Trainer
 
@@ -394,6 +395,11 @@ class CrossoverRunner:
                     "not published. This CPU's kernels do not reproduce the run; train it again here (delete "
                     "its cell) or rebuild it on a CPU of the kind that trained it")
             encoder.save(run_dir / "best")
+            # the rebuilt checkpoint's own history, to the selected step's validation (this hook runs before the
+            # trainer logs that step); the benchmark report shows it
+            earlier = trainer.log_path.read_text() if trainer.log_path.is_file() else ""
+            durable.write_text(run_dir / "train_log.jsonl", earlier + json.dumps(
+                {"step": step, "validation": metrics, "best": True, "rebuilt": True}) + "\n")
             durable.write_text(run_dir / "rebuilt.json", json.dumps(record, indent=2))
             logger.info("%s: rebuilt step %d, validation nDCG@10 %.2f (cell %.2f; queries changed: %s)",
                         spec.label, step, metrics["ndcg@10"], before, changed)

@@ -217,6 +217,11 @@ def test_rebuild_recreates_a_finished_runs_checkpoint_or_refuses_one_that_differ
     assert all(torch.equal(rebuilt[name], weights["best"][name]) for name in rebuilt)  # the same weights
     record = json.loads((run_dir / "rebuilt.json").read_text())
     assert record["step"] == cell["selected_step"] and record["queries_changed"] == 0
+    # the rebuild's own training log lies beside best/, ending with the selected step's validation
+    log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == cell["selected_step"]
+    assert log[-1]["validation"]["ndcg@10"] == record["validation_ndcg@10"]["rebuilt"]
+    assert [r["step"] for r in log if "loss" in r] == list(range(1, cell["selected_step"]))
     assert not (tmp_path / "artifacts" / "crossover" / "rebuilds").exists() or \
         not any((tmp_path / "artifacts" / "crossover" / "rebuilds").iterdir())  # its training state is gone
     # a second call finds best/ and trains nothing
