@@ -81,6 +81,33 @@ class GenerationCache:
                 handle.write(json.dumps({"key": key, "result": result}, ensure_ascii=False) + "\n")
 
 
+class TruncatedAnswers(logging.Filter):
+    """Counts, instead of logging one warning each, the answers the OpenAI-compatible generator reports as cut
+    at ``max_tokens``: the benchmark asks for short answers on purpose (16 tokens), so most stop there."""
+
+    LOGGER = "haystack.components.generators.chat.openai"
+    MESSAGE = "truncated before reaching a natural stopping point"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.MESSAGE not in record.getMessage():
+            return True
+        with self._lock:
+            self.count += 1
+        return False
+
+    def __enter__(self) -> TruncatedAnswers:
+        logging.getLogger(self.LOGGER).addFilter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger(self.LOGGER).removeFilter(self)
+
+
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -169,11 +196,16 @@ class BenchPipeline:
             return cached
 
         pool = ThreadPoolExecutor(max_workers=self.concurrency)
+        truncated = TruncatedAnswers()
         try:
-            return list(tqdm(pool.map(one, inputs), total=len(inputs), desc=progress or self.path.stem, unit="q",
-                             leave=False))
+            with truncated:
+                return list(tqdm(pool.map(one, inputs), total=len(inputs), desc=progress or self.path.stem,
+                                 unit="q", leave=False))
         finally:
             pool.shutdown(wait=True, cancel_futures=True)  # a failed question stops the questions not started
+            if truncated.count:
+                logger.info("%s: %d generations stopped at the max_tokens limit", progress or self.path.stem,
+                            truncated.count)
 
 
 def _document_key(value: Any) -> Any:

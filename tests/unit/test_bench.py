@@ -276,6 +276,34 @@ def test_a_cell_fails_clearly_when_the_server_keeps_failing(tmp_path):
     assert rejected.calls == 1
 
 
+@component
+class TruncatingChat:
+    """Answers as the OpenAI-compatible generator does when an answer stops at max_tokens: with its warning."""
+
+    @component.output_types(replies=list[ChatMessage])
+    def run(self, messages: list[ChatMessage]) -> dict:
+        from haystack.components.generators.chat.openai import _check_finish_reason
+
+        _check_finish_reason({"finish_reason": "length", "index": 0})
+        return {"replies": [ChatMessage.from_assistant("Rome")]}
+
+
+def test_answers_cut_at_max_tokens_are_counted_once_per_cell_not_warned_one_by_one(tmp_path, caplog):
+    from haystack.components.generators.chat.openai import _check_finish_reason
+
+    pipeline = BenchPipeline(PIPELINES_DIR / "reader.yaml", {}, GenerationCache(tmp_path / "c.jsonl"), concurrency=2,
+                             components={"llm": TruncatingChat()})
+    questions = [{"question": f"capital of italy {i}", "documents": []} for i in range(3)]
+    with caplog.at_level("INFO"):
+        assert pipeline.run_many(questions, lambda out: out["answers"][0].data, progress="toy/rag") == ["Rome"] * 3
+    assert "truncated before reaching" not in caplog.text
+    assert "toy/rag: 3 generations stopped at the max_tokens limit" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # outside the benchmark the generator's own warning is untouched
+        _check_finish_reason({"finish_reason": "length", "index": 0})
+    assert "truncated before reaching" in caplog.text
+
+
 def test_shipped_configs_load_and_score_both_pipelines():
     from rag_mag.bench.config import load_bench_config
     from rag_mag.models import REPO_ROOT
