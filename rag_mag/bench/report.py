@@ -25,7 +25,8 @@ confidence intervals of seed-averaged systems and the paired tests against ``bas
 Several seeds of one system are averaged per question before the bootstrap, so a CI covers question
 sampling of the seed-averaged system; the spread over seeds is shown in its own table. Every file is
 written atomically and durably (rag_mag.durable: temporary file, fsync, rename). The section "Paper
-findings: held or not" is computed from the numbers by ``paper_findings``.
+findings: held or not" is computed from the numbers by ``paper_findings``, and "Against the untrained
+encoder" (``against_untrained``) says whether training helped each strategy over ``base_cosine``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_mag.bench.config import split_system, system_name
+from rag_mag.bench.config import BASELINES, split_system, system_name
 from rag_mag.bench.stats import bootstrap_ci, compare_paired
 from rag_mag.models import REPO_ROOT
 
@@ -63,6 +64,7 @@ LABELS = {"em": "EM", "f1": "F1", "accuracy": "accuracy", "ndcg@10": "nDCG@10", 
 PACKAGES = ("rag-mag", "torch", "transformers", "haystack-ai", "vllm-haystack", "faiss-cpu", "datasets",
             "evaluate", "bm25s", "numpy", "matplotlib", "sentence-transformers")
 ALPHA = 0.05
+UNTRAINED = "base_cosine"  # the encoder every strategy's training starts from
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,57 @@ def compare_to_baseline(cells: Sequence[Cell], per_example: Mapping | None, base
                              n=result["n"])
             comparisons.append(entry)
     return comparisons
+
+
+def against_untrained(cells: Sequence[Cell], per_example: Mapping | None, metric: str = "ndcg@10",
+                      n_resamples: int = 2000, n_permutations: int = 10000, seed: int = 0,
+                      primary_pipeline: str | None = None) -> list[dict]:
+    """Does training help? Every trained retriever against the untrained encoder it starts from
+    (``base_cosine``), paired on the same questions, with a verdict per (dataset, system):
+
+    - ``better``: above it with p < 0.05;
+    - ``worse``: below it by more than the half-width of the trained system's own 95% interval;
+    - ``slightly worse``: below it with p < 0.05, but by less than that half-width;
+    - ``no clear difference``: none of these.
+    """
+    by_key = {(cell.dataset, cell.system): cell for cell in cells}
+    entries = []
+    for entry in compare_to_baseline(cells, per_example, UNTRAINED, metrics=(metric,), n_resamples=n_resamples,
+                                     n_permutations=n_permutations, seed=seed, primary_pipeline=primary_pipeline):
+        if split_system(entry["system"])[1] in BASELINES:
+            continue
+        low, high = by_key[(entry["dataset"], entry["system"])].cis.get(metric, (math.nan, math.nan))
+        half_width = (high - low) / 2
+        significant = entry["p_value"] is not None and entry["p_value"] < ALPHA
+        verdict = ("better" if _significant_gain(entry) else
+                   "worse" if math.isfinite(half_width) and entry["delta"] < -half_width else
+                   "slightly worse" if significant and entry["delta"] < 0 else "no clear difference")
+        entries.append({**entry, "half_width": half_width if math.isfinite(half_width) else None,
+                        "verdict": verdict})
+    return entries
+
+
+def _untrained_section(entries: Sequence[Mapping], datasets: Sequence[str], systems: Sequence[str]) -> list[str]:
+    if not entries:
+        return []
+    metric = LABELS.get(entries[0]["metric"], entries[0]["metric"])
+    lines = [f"## Against the untrained encoder ({UNTRAINED})", "",
+             f"Training should improve on the model it starts from. Each trained retriever's {metric} against "
+             f"{UNTRAINED} on the same questions: **better** is above it with p < {ALPHA}; **worse** is below it by "
+             "more than the half-width of the trained system's own 95% interval; **slightly worse** is below it "
+             f"with p < {ALPHA} but by less than that half-width; otherwise **no clear difference**.", ""]
+    for verdict in ("better", "worse", "slightly worse"):
+        named = [f"{entry['dataset']}/{entry['system']}" for entry in entries if entry["verdict"] == verdict]
+        lines.append(f"- {verdict}: {len(named)} of {len(entries)}" + (f" ({', '.join(named)})" if named else ""))
+    lines.append("")
+    rows = []
+    for dataset in datasets:
+        for system in systems:
+            entry = next((e for e in entries if (e["dataset"], e["system"]) == (dataset, system)), None)
+            if entry is not None:
+                rows.append([dataset, system, _delta_text(entry), _number(entry["half_width"]), entry["verdict"]])
+    return lines + _table(["dataset", "system", f"Δ {metric} against {UNTRAINED}", "half-width of its 95% CI",
+                           "verdict"], rows)
 
 
 def _align(ours, theirs, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -505,7 +558,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Mapping], findings: Sequence[Mapping],
                     config: Mapping, environment: Mapping, plots: Sequence[Path], baseline: str = "cosine",
                     notes: Sequence[str] = (), sections: Sequence[str] = (),
-                    primary_pipeline: str | None = None) -> str:
+                    primary_pipeline: str | None = None, untrained: Sequence[Mapping] = ()) -> str:
     datasets = list(dict.fromkeys(cell.dataset for cell in cells))
     systems = _order([cell.system for cell in cells])
     by_key = {(cell.dataset, cell.system): cell for cell in cells}
@@ -577,6 +630,8 @@ def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Map
             lines += [f"### {dataset}", ""] + _table(header, rows)
     if not comparisons:
         lines += [f"No {baseline} rows, so no paired comparisons.", ""]
+
+    lines += _untrained_section(untrained, datasets, systems)
 
     multi_seed = [cell for cell in cells if len(cell.seeds) > 1]
     lines += ["## Seeds", ""]
@@ -794,17 +849,20 @@ def write_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], *, config:
                                       n_permutations=n_permutations, seed=seed, primary_pipeline=primary_pipeline)
     findings = paper_findings(*of_pipeline(cells, comparisons, primary_pipeline), in_domain=in_domain,
                               baseline=baseline)
+    untrained = against_untrained(cells, per_example, n_resamples=n_resamples, n_permutations=n_permutations,
+                                  seed=seed, primary_pipeline=primary_pipeline)
     plots = [plot for plot in (plot_answers(cells, out / "em_f1.png"), plot_norms(norms or {}, cells,
                                                                                     out / "document_norms.png"),
                                plot_recall(cells, out / "recall_at_k.png")) if plot is not None]
     results = {"config": dict(config or {}), "environment": environment, "results": list(rows),
                "aggregates": [cell.to_dict() for cell in cells], "comparisons": comparisons, "findings": findings,
+               "against_untrained": untrained,
                "in_domain": list(in_domain), "plots": [plot.name for plot in plots], **dict(extra or {})}
     results_path, report_path = out / "results.json", out / "report.md"
     _write_atomic(results_path, json.dumps(_json_safe(results), indent=2, allow_nan=False).encode("utf-8"))
     markdown = render_markdown(title or out.name, cells, comparisons, findings, config or {}, environment, plots,
                                baseline=baseline, notes=notes, sections=sections,
-                               primary_pipeline=primary_pipeline)
+                               primary_pipeline=primary_pipeline, untrained=untrained)
     _write_atomic(report_path, markdown.encode("utf-8"))
     logger.info("report written to %s (%d rows, %d plots)", out, len(rows), len(plots))
     return ReportFiles(results_json=results_path, report_md=report_path, plots=tuple(plots))

@@ -163,3 +163,42 @@ def test_collect_environment_names_command_commit_packages_machine():
     assert environment["machine"]["cpu_count"] >= 1
     assert environment["vllm"] == "0.32"
     assert environment["git_commit"] is None or len(environment["git_commit"]) == 40
+
+
+def test_trained_retrievers_are_judged_against_the_untrained_encoder(tmp_path):
+    """better: p < 0.05 above base_cosine; worse: below it by more than the trained row's own CI half-width;
+    slightly worse: p < 0.05 below it, by less than that."""
+    rows, per_example = [], {}
+    plan = {"base_cosine": 0.50, "cosine": 0.62, "qnorm": 0.36, "dnorm": 0.49, "dot": 0.46, "bm25": 0.20}
+    n = 300
+    ids = [f"q{i}" for i in range(n)]
+    rng = np.random.default_rng(0)
+    for system, mean in plan.items():
+        rows.append(_row("musique", system, 0, n, 10.0, 100 * mean))
+        # dot: base_cosine's questions with 12 of its hits lost, so paired, significant, and under the half-width
+        if system == "dot":
+            ndcg = per_example[("musique", "base_cosine", 0)]["ndcg@10"].copy()
+            ndcg[np.flatnonzero(ndcg)[:12]] = 0.0
+        else:
+            ndcg = rng.permutation(_values(n, mean))
+        per_example[("musique", system, 0)] = {"ids": ids, "em": _values(n, 0.1), "ndcg@10": ndcg}
+    files = _write(tmp_path, rows, per_example)
+    entries = {entry["system"]: entry for entry in json.loads(files.results_json.read_text())["against_untrained"]}
+    assert set(entries) == {"cosine", "qnorm", "dnorm", "dot"}   # reader baselines are not trained retrievers
+    assert entries["cosine"]["verdict"] == "better" and entries["cosine"]["p_value"] < 0.05
+    assert entries["qnorm"]["verdict"] == "worse" and entries["qnorm"]["delta"] == pytest.approx(-14.0)
+    assert entries["qnorm"]["delta"] < -entries["qnorm"]["half_width"] < 0
+    assert entries["dnorm"]["verdict"] == "no clear difference"
+    report = files.report_md.read_text()
+    assert "## Against the untrained encoder (base_cosine)" in report
+    assert entries["dot"]["verdict"] == "slightly worse" and entries["dot"]["p_value"] < 0.05
+    assert -entries["dot"]["half_width"] < entries["dot"]["delta"] < 0
+    assert "- better: 1 of 4 (musique/cosine)" in report and "- worse: 1 of 4 (musique/qnorm)" in report
+    assert "| musique | qnorm | -14.0 [" in report
+
+
+def test_without_base_cosine_there_is_no_untrained_section(tmp_path):
+    rows, per_example, _ = _suite(qnorm_em=0.55)
+    files = _write(tmp_path, rows, per_example)
+    assert json.loads(files.results_json.read_text())["against_untrained"] == []
+    assert "untrained encoder" not in files.report_md.read_text()
