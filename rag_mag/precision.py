@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,17 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def cpu_kind(flags: frozenset[str] | None = None) -> str:
+    """The widest vector instruction set of this CPU (``amx``, ``avx512_bf16``, ``avx512``, ``avx2`` or the
+    machine's architecture): torch's CPU kernels choose their code by it, so fp32 results, bit for bit,
+    are reproducible only on CPUs of one kind."""
+    flags = cpu_flags() if flags is None else flags
+    for kind, flag in (("amx", "amx_bf16"), ("avx512_bf16", "avx512_bf16"), ("avx512", "avx512f"), ("avx2", "avx2")):
+        if flag in flags:
+            return kind
+    return platform.machine() or "unknown"
 
 
 def cpu_has_native_bf16(flags: frozenset[str] | None = None, isa_cap: str | None = None) -> bool:

@@ -40,6 +40,7 @@ from rag_mag.data import iter_jsonl, read_corpus, read_eval, read_triples, write
 from rag_mag.errors import CheckpointError, ConfigError
 from rag_mag.metrics.retrieval import score_retrieval
 from rag_mag.models import REPO_ROOT, artifacts_dir
+from rag_mag.precision import cpu_kind
 from rag_mag.retriever.config import TrainConfig, make_config, read_config_file
 from rag_mag.retriever.strategies import Strategy
 
@@ -322,6 +323,7 @@ class CrossoverRunner:
         clock_path = run_dir / "seconds"
         self._clock = time.monotonic() - (float(clock_path.read_text()) if clock_path.is_file() else 0.0)
         trainer.on_step = functools.partial(self._measure, spec, trainer, curve_path, checkpoints, tests, validation)
+        kinds = self._record_cpu_kind(run_dir)
         try:
             result = trainer.train()
         finally:
@@ -336,7 +338,7 @@ class CrossoverRunner:
                 if losses else {},
                 "train_size": sum(1 for _ in iter_jsonl(train_file)),
                 "seconds": round(time.monotonic() - self._clock),
-                "device": str(trainer.device), "bf16": trainer.bf16, "steps_done": result.step,
+                "device": str(trainer.device), "cpu_kinds": kinds, "bf16": trainer.bf16, "steps_done": result.step,
                 "selection": trainer.config.selection, "selected_step": result.best_metrics.get("step")}
         write_jsonl(self.cells_dir / f"{spec.label}.json", [cell])
         self._publish(spec, run_dir)
@@ -369,6 +371,13 @@ class CrossoverRunner:
         trainer = Trainer(replace(self._train_config(spec, train_file, self.work / "rebuilds" / key),
                                   precision="auto" if cell.get("bf16") else "fp32"))
         precision = "bf16" if trainer.bf16 else "fp32"
+        kinds, here = cell.get("cpu_kinds"), cpu_kind()
+        trained_on = (f"trained on {' and '.join(kinds)} CPUs" if kinds
+                      else "its cell does not say which CPUs trained it")
+        if kinds and kinds != [here]:
+            logger.warning("%s was %s, this one is %s: torch's kernels round differently on another kind, so "
+                           "the rebuild may not reproduce it; the validation check decides", spec.label, trained_on,
+                           here)
         if cell.get("bf16") and not trainer.bf16:
             logger.warning("%s trained in bf16, which this CPU does not compute natively: rebuilding it in fp32, "
                            "which cannot match it bit for bit; the validation check decides", spec.label)
@@ -392,8 +401,8 @@ class CrossoverRunner:
                 raise CheckpointError(
                     f"{spec.label}: the rebuilt step {step} scores validation nDCG@10 {metrics['ndcg@10']:.2f}, "
                     f"its cell {before:.2f} (more than {tolerance} points apart): "
-                    "not published. This CPU's kernels do not reproduce the run; train it again here (delete "
-                    "its cell) or rebuild it on a CPU of the kind that trained it")
+                    f"not published. This CPU ({here}) does not reproduce the run ({trained_on}); train it again "
+                    "here (delete its cell) or rebuild it on a CPU of the kind that trained it")
             encoder.save(run_dir / "best")
             # the rebuilt checkpoint's own history, to the selected step's validation (this hook runs before the
             # trainer logs that step); the benchmark report shows it
@@ -446,6 +455,18 @@ class CrossoverRunner:
         write_jsonl(self.cells_dir / f"{spec.label}.json", [{**cell, "published": point}])
         logger.info("%s published step %d: val nDCG@10 %.1f, test %s", spec.label, step, metrics["ndcg@10"],
                     " ".join(f"{k}={v['ndcg@10']:.1f}" for k, v in point["test"].items()))
+
+    @staticmethod
+    def _record_cpu_kind(run_dir: Path) -> list[str]:
+        """The kinds of CPU (``precision.cpu_kind``) that trained this run, over all its processes
+        (``run_dir/cpu_kinds``): a run resumed on another kind cannot be rebuilt bit for bit."""
+        path = run_dir / "cpu_kinds"
+        kinds = json.loads(path.read_text()) if path.is_file() else []
+        if cpu_kind() not in kinds:
+            kinds.append(cpu_kind())
+            run_dir.mkdir(parents=True, exist_ok=True)
+            durable.write_text(path, json.dumps(kinds))
+        return kinds
 
     def _save_clock(self, run_dir: Path) -> None:
         """The running run's seconds so far, across its processes (``run_dir/seconds``)."""

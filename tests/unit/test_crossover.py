@@ -164,6 +164,7 @@ def test_a_resumed_runs_seconds_count_every_process(study, monkeypatch):
     assert cell["steps_done"] == 4
     assert cell["seconds"] == 500  # 400 in the first process (3 steps and the interrupted one), 100 in the second
     assert [point["seconds"] for point in cell["curve"]] == [0, 200, 500]
+    assert cell["cpu_kinds"] == [precision_module.cpu_kind()]  # one kind, recorded once over both processes
 
 
 def test_an_interrupt_inside_a_checkpoints_measurement_loses_no_point(study, tmp_path, monkeypatch):
@@ -199,6 +200,7 @@ def test_rebuild_recreates_a_finished_runs_checkpoint_or_refuses_one_that_differ
     config = study(runs=[{"group": "main", "strategies": ["qnorm"], "steps": 4}], tuned=[])
     config.train["precision"] = "fp32"  # the same on every CI machine
     cell = CrossoverRunner(config, "c.yaml").run()["cells"][0]
+    assert cell["cpu_kinds"] == [precision_module.cpu_kind()]
     runs = tmp_path / "artifacts" / "crossover" / "runs"
     run_dir = next(runs.iterdir())
     weights = {name: load_file(run_dir / folder / "model.safetensors")
@@ -248,10 +250,13 @@ def test_rebuild_recreates_a_finished_runs_checkpoint_or_refuses_one_that_differ
     # a rebuild that does not reproduce the cell's validation score is not published
     tampered = [{**point, "validation": {**point["validation"], "ndcg@10": point["validation"]["ndcg@10"] - 5}}
                 for point in cell["curve"]]
-    write_jsonl(cells_file, [{**cell, "curve": tampered}])
+    write_jsonl(cells_file, [{**cell, "curve": tampered, "cpu_kinds": ["avx2", "avx512"]}])
     fresh_clone()
-    with pytest.raises(CheckpointError, match="more than 0.5 points apart"):
+    caplog.clear()
+    with caplog.at_level("WARNING"), pytest.raises(CheckpointError, match="more than 0.5 points apart") as refused:
         CrossoverRunner(config, "c.yaml").run(rebuild=True)
+    # a run resumed on another kind of CPU is named, before the rebuild and in its refusal
+    assert "trained on avx2 and avx512 CPUs" in caplog.text and "trained on avx2 and avx512 CPUs" in str(refused.value)
     assert not published.exists() and not (run_dir / "best").exists()
 
 

@@ -91,3 +91,12 @@ def test_autocast_runs_bf16_matmuls_only_when_enabled():
         assert (a @ a.T).dtype == torch.bfloat16
     with precision.autocast("cpu", enabled=False):
         assert (a @ a.T).dtype == torch.float32
+
+
+def test_cpu_kind_is_the_widest_vector_instruction_set():
+    from rag_mag.precision import cpu_kind
+    assert cpu_kind(frozenset({"avx2", "avx512f", "amx_bf16", "avx512_bf16"})) == "amx"
+    assert cpu_kind(frozenset({"avx2", "avx512f", "avx512_bf16"})) == "avx512_bf16"
+    assert cpu_kind(frozenset({"avx2", "avx512f"})) == "avx512"
+    assert cpu_kind(frozenset({"sse4_2", "avx2"})) == "avx2"
+    assert cpu_kind(frozenset()) not in ("amx", "avx512_bf16", "avx512", "avx2")
