@@ -460,10 +460,10 @@ class CrossoverRunner:
     def _record_cpu_kind(run_dir: Path) -> list[str]:
         """The kinds of CPU (``precision.cpu_kind``) that trained this run, over all its processes
         (``run_dir/cpu_kinds``): a run resumed on another kind cannot be rebuilt bit for bit."""
-        path = run_dir / "cpu_kinds"
+        path, here = run_dir / "cpu_kinds", cpu_kind()
         kinds = json.loads(path.read_text()) if path.is_file() else []
-        if cpu_kind() not in kinds:
-            kinds.append(cpu_kind())
+        if here not in kinds:
+            kinds.append(here)
             run_dir.mkdir(parents=True, exist_ok=True)
             durable.write_text(path, json.dumps(kinds))
         return kinds

@@ -318,12 +318,9 @@ def _untrained_section(entries: Sequence[Mapping], datasets: Sequence[str], syst
         named = [f"{entry['dataset']}/{entry['system']}" for entry in entries if entry["verdict"] == verdict]
         lines.append(f"- {verdict}: {len(named)} of {len(entries)}" + (f" ({', '.join(named)})" if named else ""))
     lines.append("")
-    rows = []
-    for dataset in datasets:
-        for system in systems:
-            entry = next((e for e in entries if (e["dataset"], e["system"]) == (dataset, system)), None)
-            if entry is not None:
-                rows.append([dataset, system, _delta_text(entry), _number(entry["half_width"]), entry["verdict"]])
+    by_key = {(entry["dataset"], entry["system"]): entry for entry in entries}
+    rows = [[dataset, system, _delta_text(entry), _number(entry["half_width"]), entry["verdict"]]
+            for dataset in datasets for system in systems if (entry := by_key.get((dataset, system)))]
     return lines + _table(["dataset", "system", f"Δ {metric} against {UNTRAINED}", "half-width of its 95% CI",
                            "verdict"], rows)
 
