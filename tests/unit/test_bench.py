@@ -328,8 +328,18 @@ def test_report_of_pipeline_rows_has_a_rounds_section_and_plots_recall_without_a
             "budget": {"mean": 5.5, "max": 6},
             "retrieval_per_example": {"recall@budget": union.tolist(), "round1_recall@budget": first.tolist()}}
     section = rounds_section([cell, {**cell, "system": "rag:qnorm", "rounds": 1.0}], resamples=200)
-    assert "| toy | rag_multihop:qnorm | 30 | 2.00 | 5.5 | 0.0 |" in section and "rag:qnorm" not in section
+    assert "| toy | rag_multihop:qnorm | 0 | 30 | 2.00 | 5.5 | 0.0 |" in section and "rag:qnorm" not in section
     assert "helps" in section
+    # two seeds of one system make one row, averaged per question; a difference that is not significant
+    # (here 1 question of 30 in one seed) is not called either way
+    few = np.zeros(30)
+    few[0] = 1.0
+    seeds = [{**cell, "seed": seed, "retrieval_per_example": {"recall@budget": (few if seed else first).tolist(),
+                                                             "round1_recall@budget": first.tolist()}}
+             for seed in (1, 0)]
+    section = rounds_section(seeds, resamples=200)
+    assert section.count("rag_multihop:qnorm") == 1 and "| toy | rag_multihop:qnorm | 0, 1 | 30 |" in section
+    assert "| 0.0 | 1.7 |" in section and "no clear difference" in section
     rows = [{"dataset": "toy", "system": name, "seed": 0, "n_questions": 30, "rag": {"em": 1.0, "f1": 2.0},
              "retrieval": {"recall@budget": 40.0, "round1_recall@budget": 30.0}}
             for name in ("rag_multihop:cosine", "rag_multihop:qnorm")]
