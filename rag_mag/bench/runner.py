@@ -291,7 +291,7 @@ class BenchRunner:
         rows = self.rows(systems)
         scorer = CellScorer(self.config, None, GenerationCache(self.out / "cache" / "generations.jsonl"))
         work = [(dataset, row) for dataset in datasets.values() for row in rows
-                if row.pipeline is None or row.pipeline.covers(dataset.name)]
+                if (row.pipeline is None or row.pipeline.covers(dataset.name)) and scorer.applies(dataset, row)]
         started = time.perf_counter()
         if ranked := self.rank_first(work, scorer):
             logger.info("indexed and ranked %d (retriever, dataset) pairs in %.0f s, before starting vLLM", ranked,

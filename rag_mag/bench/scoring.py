@@ -117,6 +117,17 @@ class CellScorer:
         return _first(dataset, self.config.answered_by(entry))
 
     # ------------------------------------------------------------------ cells
+    def applies(self, dataset: EvalDataset, row) -> bool:
+        """Whether ``row`` has a cell on ``dataset``: every row does but an oracle on a dataset without gold
+        passages (known before any server starts, so such a row never starts vLLM)."""
+        if row.pipeline is not None or row.system.name != "oracle":
+            return True
+        if gold_documents(self._answered(dataset), self.config.rag_top_k or DEFAULT_READER_TOP_K) is None:
+            logger.info("%s names no gold passages (no supporting or answer-bearing contexts): no oracle row",
+                        dataset.name)
+            return False
+        return True
+
     def evaluate(self, dataset: EvalDataset, row) -> dict | None:
         """The cell of ``row`` (a runner ``Row``) on ``dataset``; None when the row does not apply (an oracle
         on a dataset without gold passages)."""
@@ -169,8 +180,6 @@ class CellScorer:
         view = self._answered(dataset)
         gold = gold_documents(view, self.config.rag_top_k or DEFAULT_READER_TOP_K)
         if gold is None:
-            logger.info("%s names no gold passages (no supporting or answer-bearing contexts): no oracle row",
-                        dataset.name)
             return None
         cell = self._read(view, gold, "oracle")
         cell["oracle_without_gold"] = sum(1 for docs in gold if not docs)

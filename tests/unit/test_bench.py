@@ -180,6 +180,14 @@ def test_oracle_row_answers_from_the_gold_passages_through_the_reader_pipeline(t
     assert len(llm.prompts) == 4
 
 
+def test_an_oracle_row_without_gold_passages_is_left_out_before_any_server_is_needed(tmp_path):
+    scorer = CellScorer(config(concurrency=1), None, GenerationCache(tmp_path / "cache.jsonl"))
+    oracle, closed = Row(System("oracle", 0, None), None), Row(System("closed_book", 0, None), None)
+    unaligned = EvalDataset("2wiki", [EvalRecord("w", "who?", ("x",), ())], list(CORPUS), source="test")
+    assert not scorer.applies(unaligned, oracle) and scorer.applies(unaligned, closed)
+    assert scorer.applies(supporting_dataset(), oracle)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
