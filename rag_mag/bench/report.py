@@ -150,7 +150,7 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _seed_averaged(per_example: Mapping, dataset: str, system: str, seeds: Sequence[int], metric: str):
+def seed_averaged(per_example: Mapping, dataset: str, system: str, seeds: Sequence[int], metric: str):
     """(ids, per-question values averaged over seeds) or None when some seed lacks the metric."""
     arrays, ids = [], None
     for seed in seeds:
@@ -216,7 +216,7 @@ def aggregate(rows: Sequence[Mapping], per_example: Mapping | None = None, n_res
         seed_sd = {metric: float(np.std(numbers, ddof=1)) for metric, numbers in values.items() if len(numbers) > 1}
         cis: dict[str, tuple[float, float]] = {}
         for metric in means:
-            averaged = _seed_averaged(per_example, dataset, system, seeds, metric)
+            averaged = seed_averaged(per_example, dataset, system, seeds, metric)
             if averaged is not None:
                 # The mean and its CI come from the same per-question values, so they always agree.
                 example_mean = 100.0 * float(averaged[1].mean())
@@ -265,8 +265,8 @@ def compare_to_baseline(cells: Sequence[Cell], per_example: Mapping | None, base
             entry = {"dataset": cell.dataset, "system": cell.system, "baseline": reference_name, "metric": metric,
                      "delta": cell.means[metric] - reference.means[metric], "delta_ci": None, "p_value": None,
                      "n": None}
-            ours = _seed_averaged(per_example, cell.dataset, cell.system, cell.seeds, metric)
-            theirs = _seed_averaged(per_example, cell.dataset, reference_name, reference.seeds, metric)
+            ours = seed_averaged(per_example, cell.dataset, cell.system, cell.seeds, metric)
+            theirs = seed_averaged(per_example, cell.dataset, reference_name, reference.seeds, metric)
             if ours is not None and theirs is not None:
                 first, second = _align(ours, theirs, f"{cell.dataset}/{cell.system} vs {reference_name}")
                 result = compare_paired(first, second, n_resamples=n_resamples, n_permutations=n_permutations,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_mag.bench.report import write_report
+from rag_mag.bench.report import ALPHA, seed_averaged, write_report
 from rag_mag.bench.stats import bootstrap_ci, compare_paired
 
 
@@ -90,21 +90,23 @@ def rounds_section(cells: list[dict], resamples: int) -> str | None:
         values = cell.get("retrieval_per_example") or {}
         if cell.get("rounds", 1.0) > 1.0 and "round1_recall@budget" in values:
             groups.setdefault((cell["dataset"], cell["system"]), []).append(cell)
+    per_example = {(cell["dataset"], cell["system"], cell.get("seed", 0)): cell["retrieval_per_example"]
+                   for group in groups.values() for cell in group}
     rows = []
     for (dataset, system), group in groups.items():
         group.sort(key=lambda cell: cell.get("seed", 0))
-        union = np.mean([cell["retrieval_per_example"]["recall@budget"] for cell in group], axis=0)
-        first = np.mean([cell["retrieval_per_example"]["round1_recall@budget"] for cell in group], axis=0)
+        seeds = [cell.get("seed", 0) for cell in group]
+        _, union = seed_averaged(per_example, dataset, system, seeds, "recall@budget")
+        _, first = seed_averaged(per_example, dataset, system, seeds, "round1_recall@budget")
         result = compare_paired(union, first, n_resamples=resamples).to_dict(scale=100.0)
         low, high = result["delta_ci"]
-        significant = result["p_value"] < 0.05
+        significant = result["p_value"] < ALPHA
         verdict = ("helps" if significant and result["delta"] > 0 else
                    "hurts" if significant and result["delta"] < 0 else "no clear difference")
-        seeds = ", ".join(str(cell.get("seed", 0)) for cell in group)
         rounds = np.mean([cell["rounds"] for cell in group])
         budget = np.mean([cell["budget"]["mean"] for cell in group])
-        rows.append(f"| {dataset} | {system} | {seeds} | {group[0]['n_questions']} | {rounds:.2f} | "
-                    f"{budget:.1f} | {100 * first.mean():.1f} | {100 * union.mean():.1f} | "
+        rows.append(f"| {dataset} | {system} | {', '.join(map(str, seeds))} | {group[0]['n_questions']} | "
+                    f"{rounds:.2f} | {budget:.1f} | {100 * first.mean():.1f} | {100 * union.mean():.1f} | "
                     f"{result['delta']:+.1f} [{low:+.1f}, {high:+.1f}] | {result['p_value']:.3f} | {verdict} |")
     if not rows:
         return None
@@ -116,8 +118,9 @@ def rounds_section(cells: list[dict], resamples: int) -> str | None:
         "alone is judged at the same budget: the retriever's top-*budget* for the question. Recall is the "
         "dataset's (fraction of supporting passages, or an answer-bearing hit); Δ = union - first round, with a "
         "paired 95% bootstrap CI and permutation p-value, seed-averaged per question. The second round **helps** "
-        "or **hurts** where p < 0.05.", "",
-        "| dataset | system | seeds | n | rounds | budget | round 1 only | all rounds | Δ [95% CI] | p | second round |",
+        f"or **hurts** where p < {ALPHA}.", "",
+        "| dataset | system | seeds | n | rounds | budget | round 1 only | all rounds | Δ [95% CI] | p "
+        "| second round |",
         "|---|---|---|---|---|---|---|---|---|---|---|", *rows])
 
 
