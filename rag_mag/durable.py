@@ -9,6 +9,14 @@
   ``recover_dir`` puts it back if the process died between the two renames.
 * ``recover_dir(target)``: run before reading or writing a folder; removes staging folders left by a killed
   writer and restores a target that was moved aside but not replaced.
+* ``ensure_free_space(path, needed, what)`` before a large write, ``allocate(path, size, what)`` for a file that is
+  written through a memory map, and ``disk_full_as_error(path, what)`` around a write: a full disk is refused
+  with one ``DiskFullError`` line (bytes needed, bytes free, the path), never a SIGBUS or a library's
+  traceback; ``atomic_write`` and ``append_line`` translate it themselves.
+* ``job_lock(lock_path(target), what)``: "this output is mine". An advisory flock beside the output, holding
+  the holder's PID and command line; a second writer is refused at once with them. The kernel drops a flock
+  when its holder dies, so a lock left by a killed run is no lock. ``file_lock(path)`` waits instead (the
+  index merge).
 * ``fault_point(name)``: with ``RAG_MAG_KILL_AT=name`` (or ``name#N`` for the N-th time) in the environment,
   the process kills itself with SIGKILL there. The fault suite uses it to kill a save in every phase
   deterministically instead of racing a timer.
@@ -20,16 +28,24 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
+import socket
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from rag_mag.errors import DiskFullError, JobLockedError
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +53,10 @@ KILL_ENV = "RAG_MAG_KILL_AT"
 STAGING_MARK = "staging-"
 _RENAME_EXCHANGE = 2
 _fault_hits: dict[str, int] = {}
+# What the C library says for a full disk or quota: libraries that wrap the OS error in their own type
+# (safetensors raises a SafetensorError) still carry this text.
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXTS = tuple(os.strerror(code) for code in _DISK_FULL_ERRNOS)
 
 
 # ----------------------------------------------------------------------------- fault injection
@@ -73,20 +93,21 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Write ``path`` through a temporary file that replaces it only when the block ends without error."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    binary = "b" in mode
-    handle = tempfile.NamedTemporaryFile(mode, encoding=None if binary else encoding, dir=path.parent,
-                                         prefix=f".{path.name}.", suffix=".tmp", delete=False)
-    try:
-        with handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with disk_full_as_error(path, path.name):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        binary = "b" in mode
+        handle = tempfile.NamedTemporaryFile(mode, encoding=None if binary else encoding, dir=path.parent,
+                                             prefix=f".{path.name}.", suffix=".tmp", delete=False)
+        try:
+            with handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(handle.name, path)
+        except BaseException:
+            Path(handle.name).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -100,8 +121,8 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:
-    """Append one line and fsync it (logs that a resumed run reads back)."""
-    with open(path, "a", encoding="utf-8") as handle:
+    """Append one line and fsync it (logs that a resumed run reads back; they drop a line torn by a full disk)."""
+    with disk_full_as_error(path, Path(path).name), open(path, "a", encoding="utf-8") as handle:
         handle.write(line if line.endswith("\n") else line + "\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -113,6 +134,80 @@ def sha256_of(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------- disk space
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes this user may still write on the filesystem that holds ``path`` (or would hold it)."""
+    folder = Path(path).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def ensure_free_space(path: str | os.PathLike, needed: int, what: str) -> None:
+    """Refuse a write of ``needed`` bytes under ``path`` that cannot fit, before any of it is written."""
+    free = free_bytes(path)
+    if needed > free:
+        raise DiskFullError(f"not enough disk space for {what}: {needed:,} bytes needed, {free:,} bytes free on the "
+                            f"filesystem of {path}; free some space there or write to another disk")
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a full disk or an exceeded quota."""
+    for _ in range(8):  # the chain of causes is short; the bound guards against a cycle
+        if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+            return True
+        if any(text in str(error) for text in _DISK_FULL_TEXTS):
+            return True
+        error = error.__cause__ or error.__context__
+        if error is None:
+            return False
+    return False
+
+
+@contextlib.contextmanager
+def disk_full_as_error(path: str | os.PathLike, what: str, needed: int | None = None) -> Iterator[None]:
+    """Turn a full disk met inside the block into one ``DiskFullError`` line naming ``what``, the path and the
+    free space. The writes this module makes go to a temporary name first, so what was saved before stays;
+    the caller's own cleanup (``finally``: staging folders) runs as the error passes."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        wanted = f", {needed:,} bytes were needed" if needed is not None else ""
+        raise DiskFullError(f"the disk filled up while writing {what}: {free_bytes(path):,} bytes free on the "
+                            f"filesystem of {path}{wanted}; nothing saved before was replaced. Free some space "
+                            "and run the same command again") from None
+
+
+def allocate(path: str | os.PathLike, size: int, what: str) -> None:
+    """Give ``path`` ``size`` bytes of real disk blocks before it is written through a memory map.
+
+    A page of a map that the filesystem cannot back kills the process with SIGBUS, in the middle of a chunk;
+    allocated up front (posix_fallocate) a full disk fails here, with ENOSPC, before any row is written. A new
+    file that cannot be allocated is removed; an existing one keeps its data (only its holes are filled)."""
+    path = Path(path)
+    existed = path.exists()
+    allocated = path.stat().st_blocks * 512 if existed else 0
+    ensure_free_space(path.parent, max(0, size - allocated), what)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with disk_full_as_error(path, what, needed=size):
+            preallocate = getattr(os, "posix_fallocate", None)
+            if preallocate is None or size == 0:  # macOS has none; a length of 0 is EINVAL
+                os.ftruncate(descriptor, size)
+            else:
+                preallocate(descriptor, 0, size)
+    except BaseException:
+        if not existed:
+            path.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(descriptor)
 
 
 # ----------------------------------------------------------------------------- folders
@@ -209,3 +304,82 @@ def recover_dir(target: str | os.PathLike, is_complete=None) -> list[str]:
     for action in actions:
         logger.warning("%s", action)
     return actions
+
+
+# ----------------------------------------------------------------------------- locks
+def lock_path(target: str | os.PathLike) -> Path:
+    """The lock file of a job that writes ``target``: ``TARGET.lock`` beside it, never inside a folder that is
+    swapped in whole (the swap would take the lock away with the old folder)."""
+    target = Path(target)
+    return target.with_name(target.name + ".lock")
+
+
+def _acquire(path: Path, wait: bool) -> IO | None:
+    """An open handle that holds an exclusive flock on ``path``; None if another process holds it and not
+    ``wait``. A holder unlinks the file as it lets go, so a lock won on a file no longer at ``path`` is
+    retried on the one that is."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            current = os.stat(path)
+        except BlockingIOError:
+            handle.close()
+            return None
+        except FileNotFoundError:  # unlinked by the holder we waited for
+            handle.close()
+            continue
+        except BaseException:
+            handle.close()
+            raise
+        if os.path.samestat(current, os.fstat(handle.fileno())):
+            return handle
+        handle.close()
+
+
+def _release(handle: IO, path: Path) -> None:
+    path.unlink(missing_ok=True)  # before the unlock, so that a waiter sees its file is gone
+    handle.close()
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock at ``path``, as its holder wrote it (it writes right after winning the lock)."""
+    for _ in range(10):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            return f"process {record['pid']} on {record['host']} ({record['command']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.1)
+    return "another process (its PID is not recorded yet)"
+
+
+@contextlib.contextmanager
+def job_lock(path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold the lock file ``path`` while the block runs, or refuse at once with one ``JobLockedError`` line
+    naming ``what`` and the holder's PID and command line."""
+    path = Path(path)
+    handle = _acquire(path, wait=False)
+    if handle is None:
+        raise JobLockedError(f"{what} is being written by {_holder(path)}; wait for it to finish or stop it, or "
+                             f"write somewhere else (lock file {path})")
+    try:
+        with disk_full_as_error(path, f"the lock file of {what}"):
+            handle.truncate(0)
+            handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "command": shlex.join(sys.argv)}))
+            handle.flush()
+        yield
+    finally:
+        _release(handle, path)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold the lock file ``path`` while the block runs, waiting for any other holder to finish first."""
+    path = Path(path)
+    handle = _acquire(path, wait=True)
+    try:
+        yield
+    finally:
+        _release(handle, path)

@@ -23,3 +23,12 @@ class ServerNotRunningError(RagMagError):
 
 class TrainingError(RagMagError):
     """Training diverged (NaN or infinite values)."""
+
+
+class DiskFullError(RagMagError):
+    """A write does not fit on its disk (refused beforehand, or ENOSPC/EDQUOT on the way); nothing saved before
+    was replaced."""
+
+
+class JobLockedError(RagMagError):
+    """Another process is writing the same output (its lock file names its PID and command line)."""

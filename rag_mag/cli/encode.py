@@ -32,11 +32,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+    out = Path(args.out if args.out.endswith(".npz") else args.out + ".npz")
+    with durable.job_lock(durable.lock_path(out), f"the vectors file {out}"):  # before the model loads
+        return _encode(args, out)
+
+
+def _encode(args: argparse.Namespace, out: Path) -> int:
     from rag_mag.data import read_corpus, read_eval
     from rag_mag.retriever.encoder import MagnitudeEncoder
 
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     encoder = MagnitudeEncoder.load(args.retriever)
     if args.corpus:
         passages = read_corpus(args.corpus)
@@ -54,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
 
     embeddings = raw if args.raw else treatment.apply(torch.from_numpy(raw)).numpy()
     norms = np.linalg.norm(raw, axis=1)
-    out = Path(args.out if args.out.endswith(".npz") else args.out + ".npz")
     with durable.atomic_write(out, "wb") as handle:
         np.savez(handle, ids=np.array(ids), embeddings=embeddings.astype(np.float32), norms=norms.astype(np.float32))
     print(json.dumps({"out": str(out), "count": len(ids), "dim": int(raw.shape[1]), "side": side,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
+from rag_mag import durable
 from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.errors import CheckpointError
 
@@ -30,6 +32,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # a local Qdrant folder is ours while we write it (a server's collection is the server's to guard)
+    lock = durable.job_lock(durable.lock_path(args.qdrant), f"the Qdrant folder {args.qdrant}") \
+        if args.qdrant else contextlib.nullcontext()
+    with lock:
+        return _export(args)
+
+
+def _export(args: argparse.Namespace) -> int:
     from haystack.utils import Secret
 
     from rag_mag.components.faiss_index import MANIFEST, is_index_folder

@@ -63,7 +63,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from rag_mag.components.faiss_index import verify_folder
-    from rag_mag.serving.indexing import IndexJob, parse_shard, run_index_job
+    from rag_mag.serving.indexing import IndexJob, parse_shard, run_index_job, shard_lock
 
     if args.verify:
         print(json.dumps(verify_folder(Path(args.verify)), indent=2))
@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     job = IndexJob(corpus=Path(args.corpus), retriever=Path(args.retriever), out=Path(args.out),
                    index_type=args.index_type, chunk_size=args.chunk_size, batch_size=args.batch_size,
                    precision=args.precision)
-    summary = run_index_job(job, parse_shard(args.shard), Path(args.work_dir) if args.work_dir else None,
-                            overwrite=args.overwrite, restart=args.restart, keep_work=args.keep_work)
+    shard, work_dir = parse_shard(args.shard), Path(args.work_dir) if args.work_dir else None
+    with shard_lock(job.out, shard, work_dir):  # before the model loads; the other shards run on
+        summary = run_index_job(job, shard, work_dir, overwrite=args.overwrite, restart=args.restart,
+                                keep_work=args.keep_work)
     print(json.dumps(summary, indent=2))
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 
+from rag_mag import durable
 from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.data import read_corpus, read_eval, read_pairs, write_jsonl
 
@@ -45,6 +46,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    with durable.job_lock(durable.lock_path(args.out), f"the triples file {args.out}"):
+        return _mine(args)
+
+
+def _mine(args: argparse.Namespace) -> int:
     from rag_mag.retriever.mining import evaluation_keys, mine_triples
 
     pairs = read_pairs(args.pairs)

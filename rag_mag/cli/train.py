@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
+from rag_mag import durable
 from rag_mag.errors import ConfigError
 from rag_mag.retriever.config import TrainConfig, add_dataclass_arguments, load_train_config
 
@@ -24,13 +26,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.retriever.trainer import Trainer
-
     config = load_train_config(args, args.config)
     if not config.train_data:
         raise ConfigError("no training data: pass --train-data FILE (triples JSONL) or set train_data in --config")
     if not config.out:
         raise ConfigError("no output folder: pass --out DIR")
+    from rag_mag.retriever.distributed import launched_rank
+
+    # under torchrun rank 0 alone writes OUT, so it alone holds the lock (the others share its job)
+    lock = durable.job_lock(durable.lock_path(config.out), f"the training folder {config.out}") \
+        if launched_rank() == 0 else contextlib.nullcontext()
+    with lock:
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> int:
+    from rag_mag.retriever.trainer import Trainer
+
     trainer = Trainer(config)
     result = trainer.train()
     if not trainer.group.is_main:  # under torchrun the run's summary is printed once, by rank 0

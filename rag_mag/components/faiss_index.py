@@ -210,8 +210,22 @@ def write_folder(target: Path, index, ids: list[str], documents: Iterable[dict[s
         raise CheckpointError(f"{target} exists and is not a rag-mag index folder; refusing to overwrite it. "
                               "Choose an empty or new folder")
     durable.recover_dir(target, is_complete=is_index_folder)
+    vector_bytes = int(index.ntotal) * int(index.d) * 4 if hasattr(index, "ntotal") and hasattr(index, "d") else 0
+    durable.ensure_free_space(target.parent, vector_bytes, f"the index {target}")  # a lower bound: the vectors
     staging = durable.staging_dir(target)
     try:
+        _write_files(staging, target, index, ids, documents, manifest)
+        durable.fault_point("index:synced")
+        durable.replace_dir(staging, target, fault_prefix="index")
+        durable.fault_point("index:done")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_files(staging: Path, target: Path, index, ids: list[str], documents: Iterable[dict[str, Any]],
+                 manifest: dict[str, Any]) -> None:
+    """The index, ids, documents and manifest, complete and synced in ``staging``; a full disk is one line."""
+    with durable.disk_full_as_error(target.parent, f"the index {target}"):
         durable.fault_point("index:staging")
         if isinstance(index, MipsHnswIndex):
             _faiss().write_index(index.graph, str(staging / INDEX_FILE))
@@ -231,11 +245,6 @@ def write_folder(target: Path, index, ids: list[str], documents: Iterable[dict[s
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         durable.fault_point("index:manifest")
         durable.sync_tree(staging)
-        durable.fault_point("index:synced")
-        durable.replace_dir(staging, target, fault_prefix="index")
-        durable.fault_point("index:done")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _check_files(folder: Path, manifest: dict[str, Any], ids: list, full: bool, fix: str) -> None:

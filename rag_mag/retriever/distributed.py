@@ -35,6 +35,13 @@ BACKEND_VARIABLE = "RAG_MAG_DIST_BACKEND"
 BACKENDS = ("gloo", "nccl", "mpi")
 
 
+def launched_rank(environ: dict[str, str] | None = None) -> int:
+    """This process's rank as torchrun's environment gives it, before any group is joined (0 outside torchrun):
+    what the CLI needs to let rank 0 alone hold the output's lock."""
+    environ = os.environ if environ is None else environ
+    return int(environ.get("RANK", "0") or 0) if int(environ.get("WORLD_SIZE", "1") or 1) > 1 else 0
+
+
 def shard_bounds(size: int, world_size: int) -> list[tuple[int, int]]:
     """Contiguous, near-equal ``[start, end)`` slices of ``size`` items, one per rank, in rank order."""
     return [(size * rank // world_size, size * (rank + 1) // world_size) for rank in range(world_size)]

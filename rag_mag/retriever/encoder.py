@@ -142,14 +142,21 @@ class MagnitudeEncoder(torch.nn.Module):
     def save(self, path: str | os.PathLike) -> Path:
         """Write the checkpoint atomically: a synced staging folder that replaces ``path`` in one rename."""
         target = Path(path)
+        what = f"the checkpoint {target}"
+        durable.ensure_free_space(target.parent, self.weight_bytes(), what)
         staging = durable.staging_dir(target)
         try:
-            self.write_files(staging)
-            durable.sync_tree(staging)
-            durable.replace_dir(staging, target)
+            with durable.disk_full_as_error(target, what):
+                self.write_files(staging)
+                durable.sync_tree(staging)
+                durable.replace_dir(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return target
+
+    def weight_bytes(self) -> int:
+        """The size of the weights as saved (a lower bound of a checkpoint folder's size)."""
+        return sum(tensor.numel() * tensor.element_size() for tensor in self.model.state_dict().values())
 
     def write_files(self, folder: str | os.PathLike) -> None:
         """Write weights, tokenizer and ``rag_mag.json`` into an existing folder (no swap, no fsync)."""

@@ -6,8 +6,10 @@ The trainer knows the encoder, the loss and the data; it knows nothing of Haysta
   earliest one within one standard error of the best validation nDCG@10, step 0 included (``selection.py``);
 * ``validated/step-N/``  the validated checkpoints that rule may still choose (the others are deleted);
 * ``last/``  the latest checkpoint plus ``trainer_state.json`` and ``optimizer.safetensors`` (for resuming),
-  written whole into a staging folder and swapped in (a kill leaves the previous one); a run resumes from
-  it only when it is complete and was written with the same data and settings (``_should_resume``);
+  written whole into a staging folder and swapped in (a kill leaves the previous one; a save that cannot
+  fit on the disk is refused before the staging folder is made, and one that fills it ends in one
+  ``DiskFullError``); a run resumes from it only when it is complete and was written with the same data and
+  settings (``_should_resume``);
 * ``train_log.jsonl``  one JSON line per logged step and per validation.
 
 Nothing here is pickled: optimizer state is saved as safetensors, the rest as JSON.
@@ -122,6 +124,13 @@ def false_negative_mask(batch: list[tuple[Triple, Passage, list[Passage]]], docu
 def rng_key(rank: int) -> str:
     """Where rank ``rank``'s generator state is saved (rank 0 under the key single-process runs use)."""
     return RNG_KEY if rank == 0 else f"{RNG_KEY}.{rank}"
+
+
+def checkpoint_bytes(encoder: MagnitudeEncoder, optimizer: torch.optim.Optimizer) -> int:
+    """At least what one ``last/`` takes on disk: the weights and the optimizer's state (the tokenizer and the
+    JSON files add a little more)."""
+    moments = [value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+    return encoder.weight_bytes() + sum(value.numel() * value.element_size() for value in moments)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -249,32 +258,36 @@ class Trainer:
         ``rng_states`` holds each rank's generator state, in rank order (rank 0's alone when interrupted).
         ``finished`` is False when an interrupt came inside the step's hook or validation (``_finish_step``).
         """
+        what = f"the checkpoint {self.last_dir}"
+        needed = checkpoint_bytes(encoder, optimizer)
+        durable.ensure_free_space(self.last_dir.parent, needed, what)  # refused before a byte is staged
         staging = durable.staging_dir(self.last_dir)
         try:
-            durable.fault_point("checkpoint:staging")
-            encoder.write_files(staging)
-            durable.fault_point("checkpoint:model")
-            tensors, slots = {}, []
-            for group_index, group in enumerate(optimizer.param_groups):
-                for param_index, parameter in enumerate(group["params"]):
-                    for key, value in optimizer.state.get(parameter, {}).items():
-                        tensors[f"{group_index}.{param_index}.{key}"] = \
-                            torch.as_tensor(value).detach().cpu().clone().contiguous()
-                slots.append(len(group["params"]))
-            for rank, rng_state in enumerate(rng_states):  # dropout masks: a resumed run replays the same ones
-                tensors[rng_key(rank)] = rng_state
-            save_file(tensors, str(staging / OPTIMIZER_NAME))
-            durable.fault_point("checkpoint:optimizer")
-            files = {path.name: path.stat().st_size for path in sorted(staging.iterdir()) if path.is_file()}
-            state = {"step": step, "step_finished": finished, "world_size": self.group.world_size,
-                     "best_metrics": best_metrics, "candidates": self.candidates, "param_group_sizes": slots,
-                     "config": self.config.to_dict(), "data_fingerprint": self.data_fingerprint, "files": files}
-            (staging / STATE_NAME).write_text(json.dumps(state, indent=2))
-            durable.fault_point("checkpoint:state")
-            durable.sync_tree(staging)
-            durable.fault_point("checkpoint:synced")
-            durable.replace_dir(staging, self.last_dir, fault_prefix="checkpoint")
-            durable.fault_point("checkpoint:done")
+            with durable.disk_full_as_error(self.last_dir, what, needed):
+                durable.fault_point("checkpoint:staging")
+                encoder.write_files(staging)
+                durable.fault_point("checkpoint:model")
+                tensors, slots = {}, []
+                for group_index, group in enumerate(optimizer.param_groups):
+                    for param_index, parameter in enumerate(group["params"]):
+                        for key, value in optimizer.state.get(parameter, {}).items():
+                            tensors[f"{group_index}.{param_index}.{key}"] = \
+                                torch.as_tensor(value).detach().cpu().clone().contiguous()
+                    slots.append(len(group["params"]))
+                for rank, rng_state in enumerate(rng_states):  # dropout masks: a resumed run replays the same ones
+                    tensors[rng_key(rank)] = rng_state
+                save_file(tensors, str(staging / OPTIMIZER_NAME))
+                durable.fault_point("checkpoint:optimizer")
+                files = {path.name: path.stat().st_size for path in sorted(staging.iterdir()) if path.is_file()}
+                state = {"step": step, "step_finished": finished, "world_size": self.group.world_size,
+                         "best_metrics": best_metrics, "candidates": self.candidates, "param_group_sizes": slots,
+                         "config": self.config.to_dict(), "data_fingerprint": self.data_fingerprint, "files": files}
+                (staging / STATE_NAME).write_text(json.dumps(state, indent=2))
+                durable.fault_point("checkpoint:state")
+                durable.sync_tree(staging)
+                durable.fault_point("checkpoint:synced")
+                durable.replace_dir(staging, self.last_dir, fault_prefix="checkpoint")
+                durable.fault_point("checkpoint:done")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -502,7 +515,8 @@ class Trainer:
                                     finished=self._unfinished_step != step)
                 logger.warning("interrupted at step %d; run the same command again to resume", step)
                 raise
-        progress.close()
+            finally:
+                progress.close()  # also on an error: its line would otherwise run into the error's line
         if not validation and main:
             encoder.save(self.best_dir)  # nothing to select on: the final model is the best we know
         self.group.barrier()
@@ -631,9 +645,10 @@ class Trainer:
                                   "--no-resume to start over, or --selection max")
         staging = durable.staging_dir(self.best_dir)
         try:
-            shutil.copytree(chosen_dir, staging, dirs_exist_ok=True)
-            durable.sync_tree(staging)
-            durable.replace_dir(staging, self.best_dir)
+            with durable.disk_full_as_error(self.best_dir, f"the checkpoint {self.best_dir}"):
+                shutil.copytree(chosen_dir, staging, dirs_exist_ok=True)
+                durable.sync_tree(staging)
+                durable.replace_dir(staging, self.best_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self._log({"step": step, "validation": metrics, "best": chosen == step, "chosen": chosen,

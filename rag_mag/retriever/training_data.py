@@ -36,14 +36,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
+import shutil
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_mag import durable
 from rag_mag.data import Passage, read_corpus, read_eval, read_pairs, read_triples, write_jsonl
 from rag_mag.errors import ConfigError
 from rag_mag.metrics.answers import contains_answer, normalize_answer
@@ -279,17 +282,31 @@ def build_training_data(spec: DataSpec) -> dict[str, Any]:
         _dense_negatives(train + ablation, spec, stats)
     if spec.positives == "linked":
         _keep_linked_positives(train + ablation, stats)
-    out = Path(spec.out)
-    write_jsonl(out / "train.jsonl", train)
-    write_jsonl(out / "val.jsonl", validation)
-    if ablation:
-        write_jsonl(out / "ablation.jsonl", ablation)
     summary = {"train": len(train), "val": len(validation), "ablation": len(ablation),
                "sources": {name: asdict(value) for name, value in stats.items()},
                "spec": {k: v for k, v in asdict(spec).items() if k != "sources"},
                "source_specs": [asdict(s) for s in spec.sources]}
-    (out / "stats.json").write_text(json.dumps(summary, indent=2))
+    files = {"train.jsonl": train, "val.jsonl": validation, **({"ablation.jsonl": ablation} if ablation else {})}
+    write_outputs(Path(spec.out), files, summary)
     return summary
+
+
+def write_outputs(out: Path, files: dict[str, list[dict]], summary: dict[str, Any]) -> None:
+    """Write every output file whole into a staging folder beside ``out`` before any replaces its old version,
+    so a full disk (or a kill) while writing leaves the previous build, never train.jsonl of one build beside
+    val.jsonl of another."""
+    durable.recover_dir(out)
+    staging = durable.staging_dir(out)
+    try:
+        for name, rows in files.items():
+            write_jsonl(staging / name, rows)
+        durable.write_text(staging / "stats.json", json.dumps(summary, indent=2))
+        out.mkdir(parents=True, exist_ok=True)
+        for path in sorted(staging.iterdir()):
+            os.replace(path, out / path.name)
+        durable.fsync_dir(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _candidates(source: SourceSpec, spec: DataSpec, stats: SourceStats, miner: _NegativeMiner | None) -> list[dict]:
@@ -393,7 +410,7 @@ def _dense_negatives(rows: list[dict], spec: DataSpec, stats: dict[str, SourceSt
             stats[row["source"]].dense_negatives += 1
 
 
-def _title_words(title: str) -> str:
+def title_words(title: str) -> str:
     """A title as the question would name it: without a disambiguation such as "(album)", normalized."""
     return normalize_answer(re.sub(r"\s*\([^)]*\)", " ", title))
 
@@ -401,7 +418,7 @@ def _title_words(title: str) -> str:
 def linked_positives(query: str, positives: list[dict]) -> list[dict]:
     """The positives whose title the question names (as whole words), or all of them if it names none."""
     question = f" {normalize_answer(query)} "
-    linked = [p for p in positives if (words := _title_words(p["title"])) and f" {words} " in question]
+    linked = [p for p in positives if (words := title_words(p["title"])) and f" {words} " in question]
     return linked or positives
 
 

@@ -9,6 +9,11 @@ memory-mapped files in a work folder (default ``OUT.work``)::
     shard-K-of-N/vectors.f32  (rows, dim) float32: the treated document vectors, row order
     shard-K-of-N/norms.f32    (rows,) float32: the raw pooled norms (kept in each Document's meta)
     shard-K-of-N/progress.json  {"rows_done": r}: written (atomically) after the chunk's vectors are synced
+    shard-K-of-N.lock         held by the process encoding shard K (durable.job_lock): a second one is refused
+
+Both files of a shard are allocated in full on disk before its first chunk (durable.allocate), so a full disk
+is one clear error before the chunk, not a SIGBUS inside the memory map; the merge checks the free space for
+the index before building it.
 
 A kill loses at most the chunk in flight: the rerun reads ``progress.json`` and goes on from there. When
 the last shard finishes, that process merges (under a lock, so only one does): it adds the vectors to a
@@ -19,7 +24,6 @@ as any other (rag_mag.components.faiss_index), and the work folder is removed.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -27,6 +31,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +113,13 @@ def default_work_dir(out: Path) -> Path:
     return out.with_name(out.name + ".work")
 
 
+def shard_lock(out: Path, shard: tuple[int, int], work_dir: Path | None = None) -> AbstractContextManager[None]:
+    """The lock that makes shard K of N of the index ``out`` this process's job (other shards run on)."""
+    work = Path(work_dir) if work_dir else default_work_dir(out)
+    return durable.job_lock(work / f"shard-{shard[0]}-of-{shard[1]}.lock",
+                            f"shard {shard[0]}/{shard[1]} of the index {out} (work folder {work})")
+
+
 def shard_rows(count: int, shard: int, shards: int) -> tuple[int, int]:
     """The rows [start, stop) of shard ``shard`` of ``shards``: contiguous, sizes differing by at most one."""
     return count * shard // shards, count * (shard + 1) // shards
@@ -151,7 +163,7 @@ class ShardedIndexer:
             if path.is_file() and restart:
                 logger.info("--restart: discarding the encoded shards in %s", self.work)
                 for child in self.work.iterdir():
-                    if child.name.startswith("shard-"):
+                    if child.name.startswith("shard-") and child.is_dir():  # not the shards' lock files
                         shutil.rmtree(child)
                 path.unlink()
             if path.is_file():
@@ -193,6 +205,8 @@ class ShardedIndexer:
         if done:
             logger.info("shard %d/%d: resuming after row %d of %d (from %s)", self.shard, self.shards, done,
                         stop - start, folder / PROGRESS_FILE)
+        if done < stop - start:
+            self._allocate(folder, stop - start, plan["dim"])
         encoder, treatment = self.checkpoint.encoder, self.checkpoint.encoder.document_treatment()
         bar = None
         if progress:
@@ -239,18 +253,21 @@ class ShardedIndexer:
         if chunk:
             yield chunk_start, chunk
 
-    @staticmethod
-    def _write_rows(folder: Path, offset: int, rows: int, dim: int, vectors: np.ndarray, norms: np.ndarray) -> None:
-        """Write rows [offset, offset + len) of the shard's two files through a memory map of that span only,
-        then sync them (so progress.json never runs ahead of the vectors)."""
-        for name, values, width in ((VECTORS_FILE, vectors, dim), (NORMS_FILE, norms, 1)):
+    def _allocate(self, folder: Path, rows: int, dim: int) -> None:
+        """Both files of the shard at full size on disk before a row is written through their memory maps."""
+        for name, width in ((VECTORS_FILE, dim), (NORMS_FILE, 1)):
             path = folder / name
             size = rows * width * 4
-            if not path.exists():
-                with open(path, "wb") as handle:
-                    handle.truncate(size)
-            elif path.stat().st_size != size:
+            if path.exists() and path.stat().st_size != size:
                 raise ConfigError(f"{path} holds {path.stat().st_size} bytes, expected {size}; pass --restart")
+            durable.allocate(path, size, f"the vectors of shard {self.shard}/{self.shards} ({path})")
+
+    @staticmethod
+    def _write_rows(folder: Path, offset: int, rows: int, dim: int, vectors: np.ndarray, norms: np.ndarray) -> None:
+        """Write rows [offset, offset + len) of the shard's two files (allocated) through a memory map of that
+        span only, then sync them (so progress.json never runs ahead of the vectors)."""
+        for name, values, width in ((VECTORS_FILE, vectors, dim), (NORMS_FILE, norms, 1)):
+            path = folder / name
             span = np.memmap(path, dtype=np.float32, mode="r+", offset=offset * width * 4,
                              shape=(len(values), width) if width > 1 else (len(values),))
             span[:] = values
@@ -280,15 +297,20 @@ class ShardedIndexer:
                 if not overwrite:
                     raise ConfigError(f"an index already exists at {self.job.out}; pass --overwrite to replace it")
             started = time.perf_counter()
-            index = faiss_index.build_index_from_chunks(lambda: self._stored_chunks(plan), plan["count"], plan["dim"],
-                                                        self.job.index_type, self.job.hnsw_m,
-                                                        self.job.ef_construction, self.job.nlist, progress=progress)
-            ids = [passage.id for passage in iter_corpus(self.job.corpus)]
-            manifest = {"count": plan["count"], "dim": plan["dim"],
-                        "index_type": faiss_index.index_type_of(index), "metric": "inner_product",
-                        "checkpoint": plan["checkpoint"], "strategy": plan["strategy"], "plan_sha256": digest,
-                        "corpus_sha256": plan["corpus_sha256"]}
-            faiss_index.write_folder(self.job.out, index, ids, self._records(plan), manifest)
+            what = f"the index {self.job.out}"
+            # at least the vectors and the texts; checked before the (possibly long) build of the index
+            durable.ensure_free_space(self.job.out.parent, plan["count"] * plan["dim"] * 4
+                                      + self.job.corpus.stat().st_size, what)
+            with durable.disk_full_as_error(self.job.out, what):
+                index = faiss_index.build_index_from_chunks(
+                    lambda: self._stored_chunks(plan), plan["count"], plan["dim"], self.job.index_type,
+                    self.job.hnsw_m, self.job.ef_construction, self.job.nlist, progress=progress)
+                ids = [passage.id for passage in iter_corpus(self.job.corpus)]
+                manifest = {"count": plan["count"], "dim": plan["dim"],
+                            "index_type": faiss_index.index_type_of(index), "metric": "inner_product",
+                            "checkpoint": plan["checkpoint"], "strategy": plan["strategy"], "plan_sha256": digest,
+                            "corpus_sha256": plan["corpus_sha256"]}
+                faiss_index.write_folder(self.job.out, index, ids, self._records(plan), manifest)
             seconds = time.perf_counter() - started
         if not keep_work:
             shutil.rmtree(self.work, ignore_errors=True)
@@ -324,26 +346,9 @@ class ShardedIndexer:
             meta[RAW_NORM_KEY] = norm
             yield Document(id=passage.id, content=passage.text, meta=meta).to_dict(flatten=False)
 
-    def _lock(self, name: str):
-        return _FileLock(self.work / name)
-
-
-class _FileLock:
-    """An exclusive flock on a file in the work folder (shards on one machine or a shared filesystem)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._handle = None
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open(self.path, "a")
-        fcntl.flock(self._handle, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self._handle, fcntl.LOCK_UN)
-        self._handle.close()
+    def _lock(self, name: str) -> AbstractContextManager[None]:
+        """A lock in the work folder that the shards wait for in turn (on one machine or a shared filesystem)."""
+        return durable.file_lock(self.work / name)
 
 
 def run_index_job(job: IndexJob, shard: tuple[int, int] = (0, 1), work_dir: Path | None = None,
