@@ -33,7 +33,7 @@ from haystack.dataclasses import ChatMessage
 from rag_mag import durable
 from rag_mag.data import EvalRecord, read_eval
 from rag_mag.metrics.answers import exact_match
-from rag_mag.models import default_llm_dir
+from rag_mag.models import default_reader_dir
 from rag_mag.serving.llm_server import (
     DEFAULT_SERVED_MODEL_NAME,
     check_server,
@@ -127,7 +127,7 @@ def main() -> None:
 
     records = [r for r in read_eval(args.data) if len(r.contexts) >= args.passages][: args.prompts]
     prompts = build_prompts(records, args.passages, args.passage_words)
-    model_dir = args.model_dir or default_llm_dir()
+    model_dir = args.model_dir or default_reader_dir()
     load_before = os.getloadavg()[0]
     if args.reserved_cpus is not None:
         compare_reserved_cpus(args, prompts, load_before)

@@ -47,5 +47,15 @@ def default_retriever_dir() -> Path:
 
 
 def default_llm_dir() -> Path:
-    """SmolLM2 converted once from GGUF to a safetensors folder that vLLM can read."""
+    """SmolLM2 converted once from GGUF to a safetensors folder that vLLM can read (the base reader)."""
     return artifacts_dir() / "smollm2-135m-instruct"
+
+
+def shipped_reader_adapter() -> Path:
+    """The reader's LoRA adapter the product ships (`rag-mag train-reader --config eval/configs/reader.yaml`)."""
+    return REPO_ROOT / "data" / "reader_default"
+
+
+def default_reader_dir() -> Path:
+    """The trained reader: the shipped adapter merged into the converted SmolLM2, the default generator."""
+    return artifacts_dir() / "smollm2-135m-reader"

@@ -17,6 +17,7 @@ from rag_mag.retriever.strategies import Strategy
 BASELINES = ("bm25", "base_cosine", "closed_book", "oracle")
 READER_BASELINES = ("bm25", "closed_book", "oracle")  # answered by the reader pipeline, not a scored pipeline
 SYSTEM_SEPARATOR = ":"
+BASE_READER_SUFFIX = "@base"  # oracle@base: a reader baseline answered by the untrained (base) reader
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,16 @@ class BenchConfig:
     pipeline: str | None = None  # older configs: one pipeline; the same as pipelines: [PATH]
     retrieval_pipeline: str = "pipelines/retrieve.yaml"  # ranks each corpus (recall@k, nDCG@10) per retriever
     reader_pipeline: str = "pipelines/reader.yaml"  # answers for the bm25, closed_book and oracle baselines
+    # The generator every row answers with: a served model name (the packaged smollm2-135m-reader, the trained
+    # reader, or smollm2-135m-instruct, its untrained base), a model folder or a hub id. It is the `model` of
+    # every VLLMChatGenerator in the pipelines, and what a server the benchmark starts serves.
+    reader: str = "smollm2-135m-reader"
+    # A second reader for the rows of base_reader_rows, named ROW@base (oracle@base), served by a second server
+    # after the first one stops; base_reader_questions of each dataset (None: answer_questions). None: no such rows.
+    base_reader: str | None = None
+    base_reader_rows: list[str] = field(default_factory=lambda: ["oracle", "closed_book"])
+    base_reader_questions: int | None = None
+    base_reader_url: str | None = None  # a server already serving base_reader (None: one is started on a free port)
     llm_url: str | None = None  # default: RAG_MAG_VLLM_URL or http://127.0.0.1:8000/v1
     start_llm: bool = True  # start the vLLM server if it is not running (stopped again at the end)
     max_tokens: int | None = 24  # the pipelines' max_tokens (answer length); None keeps each pipeline's own
@@ -123,10 +134,22 @@ class BenchConfig:
         for strategy in self.extra_seeds:
             if Strategy.parse(strategy).value not in self.strategies:
                 raise ConfigError(f"extra_seeds names {strategy!r}, which is not in strategies")
+        if not isinstance(self.reader, str) or not self.reader.strip():
+            raise ConfigError(f"reader must name the generator (e.g. smollm2-135m-reader), got {self.reader!r}")
+        if self.base_reader is not None and (not isinstance(self.base_reader, str) or not self.base_reader.strip()):
+            raise ConfigError(f"base_reader must name a generator (e.g. smollm2-135m-instruct) or be null, got "
+                              f"{self.base_reader!r}")
+        if self.base_reader == self.reader:
+            raise ConfigError(f"base_reader is the reader itself ({self.reader}); name another model or leave it out")
+        wrong = [row for row in self.base_reader_rows if row not in READER_BASELINES]
+        if not isinstance(self.base_reader_rows, list) or wrong:
+            raise ConfigError(f"base_reader_rows must list reader baselines ({', '.join(READER_BASELINES)}), got "
+                              f"{self.base_reader_rows!r}")
         for name in ("retrieval_top_k", "rag_top_k", "max_tokens", "concurrency", "bootstrap_resamples",
-                     "llm_max_retries", "max_questions", "answer_questions"):
+                     "llm_max_retries", "max_questions", "answer_questions", "base_reader_questions"):
             value = getattr(self, name)
-            if value is None and name in ("rag_top_k", "max_tokens", "max_questions", "answer_questions"):
+            if value is None and name in ("rag_top_k", "max_tokens", "max_questions", "answer_questions",
+                                          "base_reader_questions"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "llm_max_retries" else 1):
                 raise ConfigError(f"{name} must be a {'non-negative' if name == 'llm_max_retries' else 'positive'} "
@@ -155,9 +178,12 @@ class BenchConfig:
     def questions_for(self, dataset: str) -> int | None:
         return self.dataset_max_questions.get(dataset, self.max_questions)
 
-    def answered_by(self, entry: PipelineEntry | None) -> int | None:
+    def answered_by(self, entry: PipelineEntry | None, base_reader: bool = False) -> int | None:
         """How many questions of each dataset a row answers (the first N; None: all): a pipeline entry's own
-        ``answer_questions``, else the config's; a reader baseline (``entry`` None) answers the config's."""
+        ``answer_questions``, else the config's; a reader baseline (``entry`` None) answers the config's, and
+        with the base reader ``base_reader_questions`` when that is set."""
+        if base_reader and self.base_reader_questions is not None:
+            return self.base_reader_questions
         if entry is not None and entry.answer_questions is not None:
             return entry.answer_questions
         return self.answer_questions

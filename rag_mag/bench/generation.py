@@ -34,17 +34,6 @@ class CellFailed(RagMagError):
     """A benchmark cell could not be computed (the generator kept failing); the run goes on without it."""
 
 
-def clean_answer(text: str) -> str:
-    """First non-empty line, without a leading "Answer:" and trailing period."""
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if line:
-            if line.lower().startswith("answer:"):
-                line = line[len("answer:"):].strip()
-            return line.rstrip(".").strip()
-    return ""
-
-
 class GenerationCache:
     """Append-only JSONL of {key, result}: an interrupted benchmark does not ask twice."""
 
@@ -225,9 +214,11 @@ def resolve_pipeline(path: str) -> Path:
     return resolved
 
 
-def generator_overrides(path: Path, url: str, timeout: float, max_retries: int) -> dict[str, Any]:
+def generator_overrides(path: Path, url: str, timeout: float, max_retries: int,
+                        model: str | None = None) -> dict[str, Any]:
     """``name.param`` overrides that point every VLLMChatGenerator of a pipeline file at the benchmark's
-    server, with its timeout and retries (found by type, so a user's pipeline needs no particular names)."""
+    server, with its timeout and retries, asking for ``model`` when given (found by type, so a user's pipeline
+    needs no particular names)."""
     from rag_mag.serving.pipelines import VLLM_GENERATOR_TYPE, read_pipeline_dict
 
     overrides: dict[str, Any] = {}
@@ -235,6 +226,8 @@ def generator_overrides(path: Path, url: str, timeout: float, max_retries: int) 
         if isinstance(definition, dict) and definition.get("type") == VLLM_GENERATOR_TYPE:
             overrides.update({f"{name}.api_base_url": url, f"{name}.timeout": float(timeout),
                               f"{name}.max_retries": int(max_retries)})
+            if model is not None:
+                overrides[f"{name}.model"] = model
     return overrides
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from rag_mag import durable
 from rag_mag.bench.config import (
+    BASE_READER_SUFFIX,
     READER_BASELINES,
     BenchConfig,
     PipelineEntry,
@@ -71,14 +72,17 @@ class System:
 
 @dataclass(frozen=True)
 class Row:
-    """One (pipeline, system) pair: a row of the report, named ``PIPELINE:SYSTEM`` (plain for reader baselines)."""
+    """One (pipeline, system) pair: a row of the report, named ``PIPELINE:SYSTEM`` (plain for reader baselines),
+    answered by the config's reader, or by its base reader (``base``: named ``SYSTEM@base``)."""
 
     system: System
     pipeline: PipelineEntry | None
+    base: bool = False
 
     @property
     def name(self) -> str:
-        return system_name(self.pipeline.name if self.pipeline else None, self.system.name)
+        name = system_name(self.pipeline.name if self.pipeline else None, self.system.name)
+        return name + BASE_READER_SUFFIX if self.base else name
 
     @property
     def label(self) -> str:
@@ -103,6 +107,8 @@ class BenchRunner:
         self.records_path = self.out / "retrievers.json"
         self.root = data_root(config.data_root)
         self.records: dict[str, dict] = {}  # configured retriever path -> digest, strategy, training log
+        self.started = time.perf_counter()
+        self._reader_checksums: dict[str, str] = {}
 
     # ------------------------------------------------------------------ preparation
     def load_datasets(self) -> dict[str, EvalDataset]:
@@ -183,13 +189,15 @@ class BenchRunner:
                 settings = {k: v for k, v in base.to_dict().items() if k not in ("out", "resume", "train_data")}
                 folder = artifacts_dir() / "bench" / "retrievers" / \
                     f"{strategy}-s{seed}-{fingerprint(settings, file_digest(train_file))}"
-                if not (folder / "done.json").is_file():
-                    logger.info("training %s (seed %d) into %s", strategy, seed, folder)
-                    started = time.perf_counter()
-                    result = Trainer(self.config.train_config(seed, strategy, str(train_file), str(folder))).train()
-                    durable.write_text(folder / "done.json", json.dumps({
-                        "best_validation": result.best_metrics, "steps": result.step,
-                        "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+                if not (folder / "done.json").is_file():  # a shared cache: another benchmark may train it too
+                    with durable.job_lock(durable.lock_path(folder), f"the benchmark retriever {folder}"):
+                        logger.info("training %s (seed %d) into %s", strategy, seed, folder)
+                        started = time.perf_counter()
+                        config = self.config.train_config(seed, strategy, str(train_file), str(folder))
+                        result = Trainer(config).train()
+                        durable.write_text(folder / "done.json", json.dumps({
+                            "best_validation": result.best_metrics, "steps": result.step,
+                            "seconds": round(time.perf_counter() - started, 1)}, indent=2))
                 systems.append(System(strategy, seed, folder / "best", checkpoint_digest(folder / "best")))
         return systems
 
@@ -266,7 +274,11 @@ class BenchRunner:
         """Every dense system through every scored pipeline; each reader baseline once."""
         entries = self.config.pipeline_entries()
         dense = [Row(system, entry) for entry in entries for system in systems if system.checkpoint is not None]
-        return dense + [Row(system, None) for system in systems if system.name in READER_BASELINES]
+        readers = [Row(system, None) for system in systems if system.name in READER_BASELINES]
+        if self.config.base_reader:
+            readers += [Row(system, None, base=True) for system in systems
+                        if system.name in self.config.base_reader_rows]
+        return dense + readers
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Path:
@@ -278,6 +290,7 @@ class BenchRunner:
         from rag_mag.bench.summary import write_outputs
         from rag_mag.serving.llm_server import running_server
 
+        self.started = time.perf_counter()
         self.out.mkdir(parents=True, exist_ok=True)
         for path in [self.config.retrieval_pipeline, self.config.reader_pipeline] + \
                 [entry.path for entry in self.config.pipeline_entries()]:
@@ -296,11 +309,19 @@ class BenchRunner:
         if ranked := self.rank_first(work, scorer):
             logger.info("indexed and ranked %d (retriever, dataset) pairs in %.0f s, before starting vLLM", ranked,
                         time.perf_counter() - started)
-        pending = any(self._saved(dataset, row, scorer) is None for dataset, row in work)
-        server = running_server(self.config.llm_url, start=self.config.start_llm) if pending else nullcontext()
-        with server as llm_url:  # every cell done earlier: no server needed to write the report
-            scorer.llm_url = llm_url
-            cells, failures = self.score_cells(work, scorer)
+        cells, failures = [], []
+        for base in (False, True):  # the reader's rows, then (on a server of its own) the base reader's
+            phase = [(dataset, row) for dataset, row in work if row.base == base]
+            model = self.config.base_reader if base else self.config.reader
+            pending = any(self._saved(dataset, row, scorer) is None for dataset, row in phase)
+            url = self.config.llm_url if not base else (self.config.base_reader_url or None)
+            server = running_server(url, start=self.config.start_llm, model=model, free_port=base) \
+                if pending else nullcontext()
+            with server as llm_url:  # every cell done earlier: no server needed to write the report
+                scorer.llm_url, scorer.llm_model = llm_url, model
+                done, failed = self.score_cells(phase, scorer)
+            cells += done
+            failures += failed
         if not cells:
             raise CellFailed("every benchmark cell failed; see the errors above: " +
                              "; ".join(f"{f['dataset']}/{f['system']}: {f['error']}" for f in failures[:3]))
@@ -343,7 +364,7 @@ class BenchRunner:
             [row.pipeline.path] + ([self.config.retrieval_pipeline] if row.system.checkpoint is not None else [])
         return fingerprint(CELL_FORMAT, self.config.encode_precision, self.config.retrieval_top_k,
                            self.config.rag_top_k, self.config.max_tokens, row.name, row.system.digest,
-                           self.config.answered_by(row.pipeline),
+                           self.reader_identity(row.base), self.config.answered_by(row.pipeline, row.base),
                            [r.id for r in dataset.records], len(dataset.corpus),
                            [file_digest(resolve_pipeline(path)) for path in used],
                            scorer.primary_pipeline(dataset.name))
@@ -374,6 +395,19 @@ class BenchRunner:
                     seconds=round(time.perf_counter() - started, 1))
         write_jsonl_atomic(self.cells_dir / f"{dataset.name}__{row.label}.json", cell)
         return cell
+
+    def reader_identity(self, base: bool = False) -> dict[str, str]:
+        """The reader that answers a row: its name and, for a packaged reader, its checksum (a retrained reader
+        changes every cell's key)."""
+        from rag_mag.serving.llm_server import reader_checksum
+
+        name = self.config.base_reader if base else self.config.reader
+        if name not in self._reader_checksums:  # read once per run: the adapter's sha256 is a file's hash
+            self._reader_checksums[name] = reader_checksum(name)
+        return {"name": name, "checksum": self._reader_checksums[name]}
+
+    def readers(self) -> list[dict[str, str]]:
+        return [self.reader_identity()] + ([self.reader_identity(True)] if self.config.base_reader else [])
 
     def environment(self) -> dict[str, Any]:
         from rag_mag.bench.report import collect_environment

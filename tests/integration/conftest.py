@@ -18,11 +18,11 @@ START_TIMEOUT_S = 900.0  # ~80 s alone on 2 cores; much more while other work co
 
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[str]:
-    """Base URL (``http://127.0.0.1:PORT/v1``) of a real vLLM server serving SmolLM2 as
-    ``llm_server.DEFAULT_SERVED_MODEL_NAME``.
+    """Base URL (``http://127.0.0.1:PORT/v1``) of a real vLLM server serving the trained reader (SmolLM2 with
+    the shipped adapter merged in) as ``llm_server.DEFAULT_SERVED_MODEL_NAME``.
 
     With ``$RAG_MAG_TEST_VLLM_URL`` set, that running server is used (and left running). Otherwise the
-    packaged GGUF is converted if needed, a server is started on a free port, and stopped after the session.
+    packaged readers are prepared if needed, a server is started on a free port, and stopped after the session.
     """
     given = os.environ.get(TEST_URL_ENV)
     if given:
@@ -30,7 +30,7 @@ def vllm_server() -> Iterator[str]:
         llm_server.check_server(url, model=llm_server.DEFAULT_SERVED_MODEL_NAME, timeout=10.0)
         yield url
         return
-    llm_server.convert_gguf()
+    llm_server.prepare_readers()
     port = llm_server.find_free_port()
     record = llm_server.start_server(port=port, timeout=START_TIMEOUT_S)
     logger.info("test vLLM server ready at %s (log %s)", record.api_base_url, record.log_path)

@@ -13,7 +13,7 @@ QUICK = REPO_ROOT / "eval" / "configs" / "quick.yaml"
 DENSE = ("cosine", "qnorm", "base_cosine")
 EXPECTED = ({(d, f"rag:{s}") for d in ("sample", "musique") for s in DENSE}
             | {("musique", f"rag_multihop:{s}") for s in DENSE}
-            | {(d, s) for d in ("sample", "musique") for s in ("bm25", "closed_book", "oracle")})
+            | {(d, s) for d in ("sample", "musique") for s in ("bm25", "closed_book", "oracle", "oracle@base")})
 
 
 @pytest.mark.skipif(data_root() is None, reason="needs the shared datasets (../shared/data or RAG_MAG_DATA_ROOT)")
@@ -26,7 +26,8 @@ def test_quick_benchmark_writes_a_complete_report(tmp_path, vllm_server):
     assert results["failures"] == []
     for row in rows:
         # answers: answer_questions (12; the multi-hop entry's own 8); the ranking: all max_questions (16)
-        assert row["n_questions"] == (8 if row["system"].startswith("rag_multihop:") else 12)
+        expected = 8 if row["system"].startswith("rag_multihop:") else 6 if row["system"].endswith("@base") else 12
+        assert row["n_questions"] == expected
         low, high = row["rag"]["em_ci"]
         assert 0 <= low <= row["rag"]["em"] <= high <= 100
         assert 0 <= row["rag"]["f1"] <= 100
@@ -50,6 +51,9 @@ def test_quick_benchmark_writes_a_complete_report(tmp_path, vllm_server):
     multihop = [c for c in results["comparisons"] if c["system"] == "rag_multihop:qnorm"]
     assert multihop and {c["baseline"] for c in multihop} == {"rag_multihop:cosine"}
     assert results["environment"]["git_commit"]
+    # both readers are named with their checksums, and the run's wall time is recorded
+    assert [r["name"] for r in results["readers"]] == ["smollm2-135m-reader", "smollm2-135m-instruct"]
+    assert results["readers"][0]["checksum"].startswith("adapter-sha256:") and results["wall_seconds"] > 0
     report = (out / "report.md").read_text()
     for needle in ("rag:cosine", "rag_multihop:qnorm", "bm25", "closed_book", "oracle", "p-value",
                    "Paper findings", "Cohen", "Multi-hop: does the second round help?"):

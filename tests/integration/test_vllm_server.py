@@ -1,4 +1,5 @@
-"""The real generator: SmolLM2 converted from GGUF, served by vLLM, reached through VLLMChatGenerator."""
+"""The real generator: SmolLM2 converted from GGUF with the reader adapter merged in, served by vLLM, reached
+through VLLMChatGenerator."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ components:
   llm:
     type: haystack_integrations.components.generators.vllm.chat.chat_generator.VLLMChatGenerator
     init_parameters:
-      model: smollm2-135m-instruct
+      model: smollm2-135m-reader
       api_base_url: URL
       generation_kwargs: {max_tokens: 32, temperature: 0.0}
       timeout: 120.0
@@ -97,6 +98,44 @@ def test_answers_an_easy_question_from_the_passages(vllm_server: str) -> None:
     assert "paris" in reply.text.lower()
     assert reply.meta["model"] == MODEL
     assert 0 < reply.meta["usage"]["completion_tokens"] <= 32
+
+
+def test_the_trained_reader_answers_with_a_span_from_its_passages(vllm_server: str) -> None:
+    from haystack import Document
+
+    from rag_mag.serving.pipelines import load_pipeline, named_outputs
+
+    pipeline = load_pipeline("pipelines/reader.yaml", {"llm_url": vllm_server})
+    documents = [Document(content="Hamid Karzai became the first elected President of Afghanistan in 2004.",
+                          meta={"title": "Hamid Karzai"}),
+                 Document(content="Abdiweli Sheikh Ahmed became Prime Minister of Somalia in 2013.",
+                          meta={"title": "Abdiweli Sheikh Ahmed"})]
+    result = pipeline.run({"prompt_builder": {"question": "Who became president of Afghanistan in 2004?",
+                                              "documents": documents}, "answer_builder": {"query": "q"}})
+    answer = named_outputs(pipeline, result)["answers"][0].data
+    assert "karzai" in answer.lower() and len(answer.split()) <= 4, answer
+
+
+def test_vllm_renders_exactly_the_prompt_the_reader_trained_on(vllm_server: str) -> None:
+    """The chat endpoint's prompt tokens for the pipelines' messages are the training prompt's tokens."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    from rag_mag.components.answer_prompt import answer_messages
+    from rag_mag.models import default_reader_dir
+    from rag_mag.reader.examples import ReaderExample
+    from rag_mag.reader.prompts import render
+
+    example = ReaderExample("x", "Who wrote Hamlet?", ("Shakespeare",), "Shakespeare",
+                            (("Hamlet", "Hamlet is a tragedy by William Shakespeare. " * 30), ("Other", "text")),
+                            "gold", "test", 500)
+    prompt_ids, answer_ids = render(AutoTokenizer.from_pretrained(default_reader_dir()), example)
+    root = llm_server.parse_api_base_url(vllm_server).root
+    reply = httpx.post(f"{root}/tokenize", json={"model": MODEL, "add_generation_prompt": True,
+                                                 "messages": answer_messages(example.question, example.passages,
+                                                                             500)}, timeout=60).json()
+    assert reply["tokens"] == prompt_ids
+    assert answer_ids[-1] == AutoTokenizer.from_pretrained(default_reader_dir()).eos_token_id
 
 
 def test_generation_kwargs_reach_the_server(vllm_server: str) -> None:

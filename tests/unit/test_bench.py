@@ -101,6 +101,10 @@ def test_pipelines_default_to_rag_yaml_and_accept_entries_with_datasets_and_ques
     ({"llm_max_retries": -1}, "llm_max_retries must be a non-negative integer"),
     ({"llm_retry_waits": [10, "soon"]}, "llm_retry_waits"),
     ({"baselines": ["oracle", "psychic"]}, "unknown baseline"),
+    ({"reader": ""}, "reader must name the generator"),
+    ({"base_reader": "smollm2-135m-reader"}, "base_reader is the reader itself"),
+    ({"base_reader": "b", "base_reader_rows": ["rag"]}, "base_reader_rows must list reader baselines"),
+    ({"base_reader_questions": 0}, "base_reader_questions must be a positive integer"),
 ])
 def test_bad_pipeline_and_generator_settings_are_refused_clearly(values, message):
     with pytest.raises(ConfigError, match=message):
@@ -113,6 +117,34 @@ def test_system_names_carry_the_pipeline_and_reader_baselines_stay_plain():
     dense = Row(System("qnorm", 1, None), PipelineEntry("pipelines/rag_multihop.yaml"))
     assert dense.name == "rag_multihop:qnorm" and dense.label == "rag_multihop__qnorm__s1"
     assert Row(System("oracle", 0, None), None).name == "oracle"
+
+
+def test_a_base_reader_adds_its_own_rows_with_their_own_questions_and_key(tmp_path):
+    from rag_mag.bench.runner import BenchRunner
+
+    plain = BenchRunner(config(output_dir=str(tmp_path), answer_questions=5), "t.yaml", "t")
+    systems = [System("oracle", 0, None), System("closed_book", 0, None), System("bm25", 0, None)]
+    assert [row.name for row in plain.rows(systems)] == ["oracle", "closed_book", "bm25"]
+    runner = BenchRunner(config(output_dir=str(tmp_path), answer_questions=5, base_reader="smollm2-135m-instruct",
+                                base_reader_questions=2), "t.yaml", "t")
+    rows = runner.rows(systems)
+    assert [row.name for row in rows] == ["oracle", "closed_book", "bm25", "oracle@base", "closed_book@base"]
+    base = rows[3]
+    assert base.label == "oracle@base__s0" and runner.config.answered_by(None, base.base) == 2
+    assert runner.config.answered_by(None) == 5
+    dataset, scorer = supporting_dataset(), CellScorer(runner.config, None, GenerationCache(tmp_path / "c.jsonl"))
+    assert runner._key(dataset, base, scorer) != runner._key(dataset, rows[0], scorer)
+    assert runner.readers()[1] == {"name": "smollm2-135m-instruct", "checksum": runner.readers()[1]["checksum"]}
+    assert runner.readers()[1]["checksum"].startswith("gguf:")
+
+
+def test_every_generator_asks_for_the_configured_reader(tmp_path):
+    from rag_mag.bench.generation import resolve_pipeline
+
+    overrides = generator_overrides(resolve_pipeline("pipelines/rag_multihop.yaml"), "http://h:1/v1", 5.0, 0,
+                                    model="other-reader")
+    assert overrides["llm.model"] == overrides["followup_llm.model"] == "other-reader"
+    assert "llm.model" not in generator_overrides(resolve_pipeline("pipelines/rag.yaml"), "http://h:1/v1", 5.0, 0)
 
 
 def test_comparisons_stay_within_a_pipeline_and_findings_use_the_primary_one():

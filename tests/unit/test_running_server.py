@@ -21,8 +21,8 @@ def calls(monkeypatch):
             raise ServerNotRunningError(f"no vLLM server at {url}")
         return ["model"]
 
-    def start_server(*, host, port, **kwargs):
-        calls["start"].append((host, port))
+    def start_server(model=None, *, host="127.0.0.1", port, **kwargs):
+        calls["start"].append((host, port) if model is None else (model, host, port))
         return llm_server.ServerRecord(pid=1, host=host, port=port, model="m", served_model_name="model",
                                        log_path="log", started_at=0.0)
 
@@ -71,3 +71,15 @@ def test_a_server_error_inside_the_block_is_not_taken_for_a_down_server(calls):
     with pytest.raises(ServerNotRunningError, match="lost it"), llm_server.running_server(URL):
         raise ServerNotRunningError("lost it")
     assert calls["start"] == []
+
+
+def test_a_second_reader_gets_a_server_of_its_own_on_a_free_port(calls, monkeypatch):
+    calls["state"]["up"] = True  # a server already answers at the default URL: the second reader does not use it
+    monkeypatch.setattr(llm_server, "find_free_port", lambda host="127.0.0.1": 8555)
+    with llm_server.running_server(model="smollm2-135m-instruct", free_port=True) as url:
+        assert url == "http://127.0.0.1:8555/v1"
+    assert calls["start"] == [("smollm2-135m-instruct", "127.0.0.1", 8555)] and calls["stop"] == [8555]
+    with pytest.raises(ServerNotRunningError, match="starting one is off"), \
+            llm_server.running_server(model="m", free_port=True, start=False):
+        pass
+

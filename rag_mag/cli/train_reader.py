@@ -1,0 +1,64 @@
+"""``rag-mag train-reader``: fine-tune the packaged SmolLM2 into a reader that answers with a short span."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+from typing import Any
+
+from rag_mag import durable
+from rag_mag.reader.config import ReaderConfig
+from rag_mag.retriever.config import add_dataclass_arguments, make_config, read_config_file
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train-reader", help="fine-tune the reader (SmolLM2 + LoRA) to answer with short spans from its passages",
+        description="Supervised fine-tuning (TRL's SFTTrainer, a LoRA adapter, the loss on the answer tokens only) "
+                    "of the packaged SmolLM2-135M-Instruct on training-side questions: HotpotQA supporting "
+                    "paragraphs among distractors, NQ-open oracle passages, mined answer-bearing passages, and a "
+                    "dense retriever's top-k. Every question of the evaluation sets that --exclude-from lists is "
+                    "left out. The prompts are the pipelines' own (AnswerPromptBuilder). Writes OUT/adapter (the "
+                    "best validation exact match), OUT/last (resumable), OUT/data (the examples) and "
+                    "OUT/train_log.jsonl. Settings come from the defaults, then --config FILE, then the flags. "
+                    "eval/configs/reader.yaml builds the reader the product ships (data/reader_default/).")
+    parser.add_argument("--config", help="YAML or JSON file of reader settings (field names as the flags, "
+                                         "with underscores)")
+    parser.add_argument("--data-root", default=None, help="shared data folder for {data_root} in paths (default: "
+                                                          "RAG_MAG_DATA_ROOT, else ../shared/data)")
+    parser.add_argument("--publish", metavar="DIR", default=None,
+                        help="then copy the chosen adapter, its reader.json and the training log into DIR with "
+                             "SHA256SUMS (data/reader_default is the shipped reader)")
+    add_dataclass_arguments(parser, ReaderConfig)
+    return parser
+
+
+def load_reader_config(args: argparse.Namespace) -> ReaderConfig:
+    values: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    for spec in fields(ReaderConfig):
+        if getattr(args, spec.name, None) is not None:
+            values[spec.name] = getattr(args, spec.name)
+    return make_config(ReaderConfig, values, source="reader config")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rag_mag.bench.datasets import data_root
+    from rag_mag.reader.trainer import ReaderTrainer
+    from rag_mag.serving.llm_server import convert_gguf
+
+    config = load_reader_config(args)
+    trainer = ReaderTrainer(config, data_root(args.data_root))
+    with durable.job_lock(durable.lock_path(trainer.out), f"the reader training folder {trainer.out}"):
+        if not config.base_model:
+            convert_gguf()  # the packaged SmolLM2, once
+        result = trainer.train()
+    summary = {"adapter": str(result.adapter_dir), "step": result.step, "validation": result.validation}
+    if args.publish:
+        from pathlib import Path
+
+        from rag_mag.reader.merge import publish_adapter
+
+        summary["published"] = str(publish_adapter(result.adapter_dir, Path(args.publish), trainer.log_path))
+    print(json.dumps(summary, indent=2))
+    return 0

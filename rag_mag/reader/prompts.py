@@ -1,0 +1,51 @@
+"""The reader's prompts as token ids, and its answers to them: one rendering for training, validation and
+the check against what vLLM's chat endpoint renders."""
+
+from __future__ import annotations
+
+from rag_mag.components.answer_prompt import answer_messages
+from rag_mag.components.followup_prompt import followup_messages
+from rag_mag.metrics.answers import clean_answer, score_answers
+from rag_mag.reader.examples import ReaderExample
+
+
+def prompt_text(tokenizer, example: ReaderExample) -> str:
+    """The example's prompt exactly as vLLM's chat endpoint renders it: the pipeline's messages, the model's
+    chat template, the assistant turn opened."""
+    build = followup_messages if example.task == "followup" else answer_messages
+    messages = build(example.question, example.passages, example.passage_chars)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def render(tokenizer, example: ReaderExample) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids), the answer ended by EOS."""
+    prompt = prompt_text(tokenizer, example)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(example.target + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    return prompt_ids, answer_ids
+
+
+def validation_scores(model, tokenizer, validation: list[ReaderExample], *, max_new_tokens: int,
+                      bf16: bool, batch_size: int = 16) -> tuple[dict[str, float], list[str]]:
+    """Greedy answers to the validation prompts; EM and F1 (0-100) against every gold alias."""
+    import torch
+
+    from rag_mag.precision import autocast
+
+    prompts = [prompt_text(tokenizer, example) for example in validation]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    answers = [""] * len(prompts)
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode(), autocast(model.device, bf16):
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            batch = tokenizer([prompts[i] for i in chunk], return_tensors="pt", padding=True,
+                              add_special_tokens=False).to(model.device)
+            generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                       pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+            for i, row in zip(chunk, generated[:, batch["input_ids"].shape[1]:], strict=True):
+                answers[i] = clean_answer(tokenizer.decode(row, skip_special_tokens=True))
+    model.train(was_training)
+    scores = score_answers(answers, [e.answers for e in validation])
+    return {"em": scores.em, "f1": scores.f1, "n": len(validation)}, answers
