@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
-from typing import Any
 
 from rag_mag import durable
 from rag_mag.reader.config import ReaderConfig
-from rag_mag.retriever.config import add_dataclass_arguments, make_config, read_config_file
+from rag_mag.retriever.config import add_dataclass_arguments, load_train_config
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -34,20 +32,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def load_reader_config(args: argparse.Namespace) -> ReaderConfig:
-    values: dict[str, Any] = read_config_file(args.config) if args.config else {}
-    for spec in fields(ReaderConfig):
-        if getattr(args, spec.name, None) is not None:
-            values[spec.name] = getattr(args, spec.name)
-    return make_config(ReaderConfig, values, source="reader config")
-
-
 def run(args: argparse.Namespace) -> int:
     from rag_mag.bench.datasets import data_root
     from rag_mag.reader.trainer import ReaderTrainer
     from rag_mag.serving.llm_server import convert_gguf
 
-    config = load_reader_config(args)
+    config = load_train_config(args, args.config, ReaderConfig, source="reader config")
     trainer = ReaderTrainer(config, data_root(args.data_root))
     with durable.job_lock(durable.lock_path(trainer.out), f"the reader training folder {trainer.out}"):
         if not config.base_model:

@@ -88,9 +88,10 @@ class ReaderTrainer:
         manifest_path = folder / "examples.json"
         if manifest_path.is_file():
             manifest = json.loads(manifest_path.read_text())
-            if manifest.get("settings") == settings and all(
-                    durable.sha256_of(folder / name) == digest for name, digest in manifest["files"].items()
-                    if (folder / name).is_file()) and len(manifest["files"]) == 2:
+            files = manifest.get("files") or {}
+            if manifest.get("settings") == settings and set(files) == {"train.jsonl", "val.jsonl"} and all(
+                    (folder / name).is_file() and durable.sha256_of(folder / name) == digest
+                    for name, digest in files.items()):
                 logger.info("reusing the reader examples in %s", folder)
                 return (reader_examples.read_examples(folder / "train.jsonl"),
                         reader_examples.read_examples(folder / "val.jsonl"), manifest["digest"])

@@ -183,11 +183,12 @@ def make_config(cls: type, values: dict[str, Any], source: str = "config") -> An
         raise ConfigError(f"invalid {source}: {error}") from None
 
 
-def load_train_config(args: argparse.Namespace, config_file: str | None = None) -> TrainConfig:
-    """Defaults, then the file's values, then the flags given on the command line."""
+def load_train_config(args: argparse.Namespace, config_file: str | None = None, cls: type = TrainConfig,
+                      source: str = "training config") -> Any:
+    """Defaults, then the file's values, then the flags given on the command line (any config dataclass)."""
     values: dict[str, Any] = read_config_file(config_file) if config_file else {}
-    for spec in fields(TrainConfig):
+    for spec in fields(cls):
         flag_value = getattr(args, spec.name, None)
         if flag_value is not None:
             values[spec.name] = flag_value
-    return make_config(TrainConfig, values, source="training config")
+    return make_config(cls, values, source=source)
