@@ -14,6 +14,8 @@ from transformers import TrainerCallback
 
 from rag_mag import durable
 from rag_mag.errors import TrainingError
+from rag_mag.metrics.answers import score_answers
+from rag_mag.reader.export import low_rank_weights, write_adapter
 from rag_mag.reader.prompts import validation_scores
 
 logger = logging.getLogger(__name__)
@@ -23,8 +25,10 @@ class ReaderCallbacks(TrainerCallback):
     """Validates at step 0, every ``eval_every`` steps and at the end; the best exact match so far (ties: the
     earlier step) becomes ``adapter/``. Each Trainer checkpoint is moved whole into ``last/``."""
 
-    def __init__(self, owner, tokenizer, validation: list, run_record: dict[str, Any], *, bf16: bool) -> None:
+    def __init__(self, owner, tokenizer, validation: list, run_record: dict[str, Any], *, bf16: bool,
+                 base_weights: dict | None = None) -> None:
         self.owner = owner
+        self.base_weights = base_weights  # method full: the starting linear weights the adapter is cut from
         self.config = owner.config
         self.tokenizer = tokenizer
         self.validation = validation[: self.config.val_max_examples]
@@ -75,12 +79,30 @@ class ReaderCallbacks(TrainerCallback):
         if step % self.config.eval_every == 0 or step >= state.max_steps:
             self._validate(step, kwargs["model"])
 
-    def _validate(self, step: int, model) -> None:
+    def _scores(self, model) -> tuple[dict[str, Any], list[str]]:
+        """EM/F1 on the validation examples, overall and per view (gold, retrieved, followup)."""
         scores, answers = validation_scores(model, self.tokenizer, self.validation,
                                             max_new_tokens=self.config.max_new_tokens, bf16=self.bf16)
-        logger.info("step %d validation: EM %.1f F1 %.1f on %d held-out examples", step, scores["em"], scores["f1"],
-                    scores["n"])
-        self._append({"step": step, "val_em": scores["em"], "val_f1": scores["f1"], "val_n": scores["n"]})
+        views = sorted({example.view for example in self.validation})
+        for view in views:
+            rows = [i for i, example in enumerate(self.validation) if example.view == view]
+            part = score_answers([answers[i] for i in rows], [self.validation[i].answers for i in rows])
+            scores[f"em_{view}"], scores[f"n_{view}"] = part.em, len(rows)
+        return scores, answers
+
+    def _validate(self, step: int, model) -> None:
+        scores, answers = self._scores(model)
+        full = {}
+        if self.base_weights is not None and step > 0:
+            # method full: what ships is the rank-r cut of the change, so that is what is chosen on
+            full = {"val_em_full": scores["em"], "val_f1_full": scores["f1"]}
+            with low_rank_weights(model, self.base_weights, self.config.export_rank):
+                scores, answers = self._scores(model)
+        record = {"step": step, "val_em": scores["em"], "val_f1": scores["f1"], "val_n": scores["n"], **full,
+                  **{f"val_{name}": value for name, value in scores.items() if name.startswith(("em_", "n_"))}}
+        logger.info("step %d validation: EM %.1f F1 %.1f on %d held-out examples%s", step, scores["em"],
+                    scores["f1"], scores["n"], f" (full weights: EM {full['val_em_full']:.1f})" if full else "")
+        self._append(record)
         if step > 0 and (not self.best or scores["em"] > self.best["em"]):
             self.best = {"step": step, **scores}
             self._save_adapter(model, step, scores, answers)
@@ -88,7 +110,12 @@ class ReaderCallbacks(TrainerCallback):
     def _save_adapter(self, model, step: int, scores: dict, answers: list[str]) -> None:
         staging = durable.staging_dir(self.owner.adapter_dir)
         try:
-            model.save_pretrained(staging, safe_serialization=True)
+            if self.base_weights is None:
+                model.save_pretrained(staging, safe_serialization=True)
+            else:
+                scores = {**scores, "export_rank": self.config.export_rank,
+                          "change_kept": write_adapter(model, self.base_weights, self.config.export_rank, staging,
+                                                       str(self.owner.base_dir))}
             self.tokenizer.save_pretrained(staging)
             record = {"step": step, "validation": scores, "config": self.config.to_dict(),
                       "examples_digest": self.run_record["examples_digest"],

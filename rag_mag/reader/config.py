@@ -26,6 +26,9 @@ def _ints(text: str, name: str, minimum: int) -> tuple[int, ...]:
     return values
 
 
+METHODS = ("lora", "full")
+
+
 @dataclass
 class ReaderConfig:
     out: str = _f("", "output folder: adapter/ (the best validated LoRA adapter), last/ (resumable), "
@@ -53,12 +56,17 @@ class ReaderConfig:
                                   "follow-up query (its FollowUpPromptBuilder's max_passage_chars); 0: no such view")
     val_questions: int = _f(200, "held-out gold questions for validation (whole questions, both views)")
     val_max_examples: int = _f(200, "at most this many validation examples are answered at each validation")
+    method: str = _f("lora", "lora: train a LoRA adapter of rank lora_rank on every linear layer; full: train every "
+                             "linear weight of the decoder layers (embeddings and norms frozen), published as a LoRA "
+                             "adapter of rank export_rank cut from the weight change by truncated SVD")
     lora_rank: int = _f(16, "LoRA rank r of every linear layer of the model")
     lora_alpha: int = _f(32, "LoRA alpha (the update is scaled by alpha / r)")
     lora_dropout: float = _f(0.05, "dropout on the LoRA inputs")
+    export_rank: int = _f(64, "method full: rank of the adapter cut from the weight change (validated as cut)")
     steps: int = _f(300, "optimizer steps")
     batch_size: int = _f(8, "examples per optimizer step")
-    learning_rate: float = _f(5e-4, "AdamW learning rate of the LoRA weights")
+    learning_rate: float = _f(5e-4, "AdamW learning rate (of the LoRA weights, or with method full of the "
+                                    "linear weights: about 5e-5)")
     warmup_ratio: float = _f(0.05, "share of steps with linear warm-up before the linear decay")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_length: int = _f(1536, "longest training sequence in tokens (longer examples are dropped, not cut)")
@@ -74,10 +82,12 @@ class ReaderConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        for name in ("max_passages", "val_questions", "val_max_examples", "lora_rank", "lora_alpha", "steps",
+        for name in ("max_passages", "val_questions", "val_max_examples", "lora_rank", "lora_alpha", "export_rank", "steps",
                      "batch_size", "max_length", "max_new_tokens", "eval_every", "save_every", "log_every"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; valid methods are: {', '.join(METHODS)}")
         if self.followup_chars < 0:
             raise ConfigError(f"followup_chars must be 0 or more, got {self.followup_chars}")
         if self.threads < 0:

@@ -27,6 +27,7 @@ from rag_mag import durable
 from rag_mag.errors import CheckpointError, ConfigError, TrainingError
 from rag_mag.models import default_llm_dir
 from rag_mag.reader import examples as reader_examples
+from rag_mag.reader import export
 from rag_mag.reader.config import ReaderConfig
 from rag_mag.reader.prompts import render
 
@@ -63,6 +64,7 @@ class ReaderTrainer:
         self.last_dir = self.out / "last"
         self.adapter_dir = self.out / "adapter"
         self.log_path = self.out / "train_log.jsonl"
+        self.base_dir = Path(config.base_model)  # the model trained from, set by train()
 
     # ----------------------------------------------------------------------------------------- examples
     def _path(self, value: str) -> str:
@@ -194,8 +196,15 @@ class ReaderTrainer:
         bf16 = use_bf16(config.precision, device)
         logger.info("reader training precision: %s", describe(config.precision, device))
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                          target_modules="all-linear", task_type="CAUSAL_LM")
+        self.base_dir = base
+        lora, base_weights = None, None
+        if config.method == "lora":
+            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                              target_modules="all-linear", task_type="CAUSAL_LM")
+        else:
+            base_weights = export.snapshot(model, export.train_decoder_linears(model))
+            logger.info("full fine-tuning of %d linear weights (%.1fM parameters); the adapter is cut at rank %d",
+                        len(base_weights), sum(w.numel() for w in base_weights.values()) / 1e6, config.export_rank)
         work = self.out / ".work"
         shutil.rmtree(work, ignore_errors=True)  # a killed run's unpromoted checkpoints are never trusted
         args = SFTConfig(
@@ -208,7 +217,8 @@ class ReaderTrainer:
             report_to="none", dataloader_num_workers=0, max_length=config.max_length, completion_only_loss=True,
             gradient_checkpointing=False, disable_tqdm=False, logging_first_step=True,
         )
-        callbacks = ReaderCallbacks(self, tokenizer, validation, self._run_record(digest), bf16=bf16)
+        callbacks = ReaderCallbacks(self, tokenizer, validation, self._run_record(digest), bf16=bf16,
+                                    base_weights=base_weights)
         trainer = AnswerOnlySFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                                        processing_class=tokenizer, peft_config=lora, callbacks=[callbacks])
         callbacks.bind(trainer)

@@ -160,12 +160,35 @@ def test_evaluation_questions_never_become_examples(tmp_path):
     assert again[2] == digest and [e.id for e in again[0]] == [e.id for e in train]
 
 
+def test_the_retrieved_view_is_built_from_the_retrieval_corpus_through_the_trainer(tmp_path):
+    from rag_mag.reader.trainer import ReaderTrainer
+    from tests.tiny import tiny_encoder
+
+    triples = tmp_path / "triples.jsonl"
+    rows = [{"id": f"t{i}", "query": f"what is the capital of france {i}", "answers": ["paris"],
+             "positives": [{"id": f"p{i}", "title": "paris", "text": "paris is the capital of france"}],
+             "hard_negatives": [{"id": f"n{i}", "title": "rome", "text": "rome is in italy"}]} for i in range(6)]
+    triples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"c{i}", "title": t, "text": x}) + "\n" for i, (t, x) in enumerate(
+        [("paris", "paris is the capital of france"), ("rome", "rome is in italy"), ("berlin", "berlin is a city")])))
+    retriever = tiny_encoder(tmp_path / "tiny").save(tmp_path / "retriever")
+    config = ReaderConfig(out=str(tmp_path / "run"), gold_triples=str(triples), gold_eval="", mined_rows="",
+                          exclude_from="", retrieval_corpus=str(corpus), retrieval_model=str(retriever),
+                          passage_counts="3", val_questions=2, followup_chars=0, precision="fp32")
+    train, validation, _ = ReaderTrainer(config).examples()
+    retrieved = [e for e in train + validation if e.view == "retrieved"]
+    assert len(retrieved) == 6  # the whole 3-passage corpus holds "paris" for every question
+    assert all(len(e.passages) == 3 and e.target == "paris" for e in retrieved)
+
+
 # ------------------------------------------------------------------------------------------- the settings
 @pytest.mark.parametrize("values, message", [
     ({"learning_rate": -1.0}, "learning_rate"), ({"steps": 0}, "steps"),
     ({"passage_counts": "3,x"}, "passage_counts"), ({"passage_chars": "10"}, "passage_chars"),
     ({"lora_dropout": 1.5}, "lora_dropout"), ({"batch_size": "8"}, "batch_size"),
     ({"gold_triples": "", "gold_eval": ""}, "no gold source"), ({"lora_rnak": 8}, "unknown reader config field"),
+    ({"method": "qlora"}, "unknown method 'qlora'"), ({"export_rank": 0}, "export_rank"),
 ])
 def test_bad_reader_settings_are_refused_by_name(values, message):
     with pytest.raises(ConfigError, match=message):
@@ -237,6 +260,64 @@ def test_a_merged_reader_answers_like_base_plus_adapter_and_a_tampered_adapter_i
     weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     with pytest.raises(CheckpointError, match="does not match"):
         merge_reader(adapter_dir, base_dir, out_dir)
+
+
+# ---------------------------------------------------------------------------------- full fine-tuning, cut
+def test_full_fine_tuning_trains_only_the_decoder_linears():
+    from rag_mag.reader.export import train_decoder_linears
+
+    model = _tiny_llama()
+    names = train_decoder_linears(model)
+    trained = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert trained == {f"{name}.weight" for name in names} and len(names) == 2 * 7  # q k v o gate up down
+    assert not any("embed" in name or "norm" in name or "lm_head" in name for name in trained)
+
+
+def test_a_low_rank_change_is_exported_exactly_and_merges_to_the_trained_weights(tmp_path):
+    from peft import PeftModel
+
+    from rag_mag.reader.export import low_rank_weights, snapshot, train_decoder_linears, write_adapter
+
+    base_dir = tmp_path / "base"
+    _tiny_llama().save_pretrained(base_dir)
+    model = _tiny_llama()
+    base = snapshot(model, train_decoder_linears(model))
+    modules = dict(model.named_modules())
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name in base:  # a change of rank 2 in every trained weight
+            weight = modules[name].weight
+            weight += torch.randn(weight.shape[0], 2, generator=generator) @ torch.randn(2, weight.shape[1],
+                                                                                        generator=generator)
+    assert write_adapter(model, base, 3, tmp_path, str(base_dir)) == pytest.approx(1.0, abs=1e-5)
+    merged = PeftModel.from_pretrained(_tiny_llama(), str(tmp_path)).merge_and_unload()
+    merged_modules = dict(merged.named_modules())
+    for name in base:
+        assert torch.allclose(merged_modules[name].weight, modules[name].weight, atol=1e-4), name
+    before = {name: modules[name].weight.clone() for name in base}
+    with low_rank_weights(model, base, 3):  # a cut of rank >= the change's keeps it whole
+        assert all(torch.allclose(modules[n].weight, before[n], atol=1e-4) for n in base)
+    with low_rank_weights(model, base, 1):  # a smaller cut changes the weights while it lasts
+        assert not torch.allclose(modules[next(iter(base))].weight, before[next(iter(base))], atol=1e-3)
+    assert all(torch.equal(modules[n].weight, before[n]) for n in base)  # and they are restored after it
+
+
+def test_a_cut_below_the_change_rank_keeps_the_best_part_and_says_how_much():
+    from rag_mag.reader.export import adapter_tensors, low_rank_factors, snapshot, train_decoder_linears
+
+    delta = torch.diag(torch.tensor([3.0, 2.0, 1.0])) @ torch.linalg.qr(torch.randn(3, 5).T)[0].T
+    a, b = low_rank_factors(delta, 2)
+    assert torch.allclose(torch.linalg.svdvals(b @ a)[:2], torch.tensor([3.0, 2.0]), atol=1e-5)
+    a, b = low_rank_factors(delta, 8)  # more rank than the matrix has: padded with zeros
+    assert a.shape == (8, 5) and b.shape == (3, 8) and torch.allclose(b @ a, delta, atol=1e-5)
+    model = _tiny_llama()
+    base = snapshot(model, train_decoder_linears(model))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter += 0.1 * torch.randn_like(parameter)  # a full-rank change
+    _, kept = adapter_tensors(model, base, 2)
+    assert 0.0 < kept < 0.9
 
 
 # --------------------------------------------------------------------------------------------- resuming
