@@ -82,8 +82,8 @@ class ReaderConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        for name in ("max_passages", "val_questions", "val_max_examples", "lora_rank", "lora_alpha", "export_rank", "steps",
-                     "batch_size", "max_length", "max_new_tokens", "eval_every", "save_every", "log_every"):
+        for name in ("max_passages", "val_questions", "val_max_examples", "lora_rank", "lora_alpha", "export_rank",
+                     "steps", "batch_size", "max_length", "max_new_tokens", "eval_every", "save_every", "log_every"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.method not in METHODS:

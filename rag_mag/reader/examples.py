@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rag_mag.data import Passage, read_corpus, read_eval, read_triples
+from rag_mag.data import Passage, read_eval, read_triples
 from rag_mag.errors import ConfigError
 from rag_mag.metrics.answers import contains_answer, normalize_answer
 from rag_mag.retriever.training_data import title_words

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mag import durable
+from rag_mag.data import read_corpus
 from rag_mag.errors import CheckpointError, ConfigError, TrainingError
 from rag_mag.models import default_llm_dir
 from rag_mag.reader import examples as reader_examples
@@ -126,7 +127,7 @@ class ReaderTrainer:
         train_questions, val_questions = reader_examples.split_questions(kept, config.val_questions, config.seed)
         retrieve = None
         if settings["retrieval_corpus"]:
-            corpus = reader_examples.read_corpus(settings["retrieval_corpus"])
+            corpus = read_corpus(settings["retrieval_corpus"])
             retrieve = reader_examples.dense_retriever(settings["retrieval_model"], corpus, config.precision)
         build = dict(max_passages=config.max_passages, passage_counts=config.passage_count_values,
                      passage_chars=config.passage_char_values, retrieve=retrieve, stats=stats)

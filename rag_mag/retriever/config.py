@@ -53,6 +53,11 @@ class TrainConfig:
     weight_decay: float = _f(0.01, "AdamW weight decay (not applied to biases, LayerNorm or degrees)")
     warmup_ratio: float = _f(0.1, "share of steps with linear warm-up before the cosine decay")
     max_grad_norm: float = _f(1.0, "gradient clipping norm")
+    train_layers: int = _f(0, "train only the top N transformer layers; the embeddings and the layers below stay "
+                              "as the base model has them (0: train every weight)")
+    anchor_weight: float = _f(0.0, "L2-SP as decoupled decay toward the starting weights: after each step every "
+                                   "trained weight moves learning_rate x anchor_weight of its distance back to its "
+                                   "start (0: off; at learning rate 2e-5, 500 pulls back one hundredth a step)")
     length_bucket_size: int = _f(16, "encode each step's texts in length-sorted chunks of this size, each padded "
                                      "to its own longest text (0: one padded batch per side)")
     precision: str = _f("auto", "auto, bf16 or fp32: auto uses bfloat16 autocast only where the hardware computes "
@@ -78,13 +83,16 @@ class TrainConfig:
         for name in positive_ints:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("hard_negatives", "eval_every", "threads", "length_bucket_size"):
+        for name in ("hard_negatives", "eval_every", "threads", "length_bucket_size", "train_layers"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
         for name in ("temperature", "learning_rate", "gamma_learning_rate", "max_grad_norm"):
             value = float(getattr(self, name))
             if not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number, got {value}")
+        if not 0.0 <= self.anchor_weight or self.anchor_weight * self.learning_rate >= 1.0:
+            raise ConfigError(f"anchor_weight must be 0 or more and anchor_weight x learning_rate below 1 (a step "
+                              f"would overshoot the start), got {self.anchor_weight} at {self.learning_rate}")
         for name in ("val_fraction", "warmup_ratio", "weight_decay"):
             value = float(getattr(self, name))
             if not 0.0 <= value < 1.0:

@@ -49,6 +49,7 @@ from rag_mag.retriever.diagnostics import norm_statistics
 from rag_mag.retriever.distributed import ProcessGroup, shard_bounds
 from rag_mag.retriever.encoder import CONFIG_NAME, MagnitudeEncoder
 from rag_mag.retriever.loss import InfoNCELoss
+from rag_mag.retriever.recipes import freeze_below_top_layers, pull_toward_start, starting_weights
 from rag_mag.retriever.selection import within_one_standard_error
 
 logger = logging.getLogger(__name__)
@@ -207,6 +208,8 @@ class Trainer:
     def _build_optimizer(self, encoder: MagnitudeEncoder) -> tuple[torch.optim.Optimizer, LambdaLR]:
         decay, no_decay = [], []
         for name, parameter in encoder.model.named_parameters():
+            if not parameter.requires_grad:
+                continue  # frozen by train_layers
             # no weight decay on biases and LayerNorm weights (1-d tensors)
             (no_decay if parameter.ndim < 2 or "norm" in name.lower() else decay).append(parameter)
         groups = [
@@ -469,6 +472,8 @@ class Trainer:
         encoder.config.query_norm_scale, encoder.config.document_norm_scale = self.group.broadcast_object(
             (encoder.config.query_norm_scale, encoder.config.document_norm_scale))
         encoder.config.training = config.to_dict()
+        freeze_below_top_layers(encoder.model, config.train_layers)
+        self._anchor = starting_weights(encoder.model, config) if config.anchor_weight else None
         optimizer, scheduler = self._build_optimizer(encoder)
         step, best_metrics = self._resume(optimizer, scheduler) if resuming else (0, {})
         self.step = step
@@ -580,6 +585,8 @@ class Trainer:
             raise TrainingError(f"gradient norm became {gradient_norm.item()} at step {step + 1}; lower "
                                 "--learning-rate or raise --temperature")
         optimizer.step()
+        if self._anchor is not None:
+            pull_toward_start(encoder.model, self._anchor, scheduler.get_last_lr()[0] * self.config.anchor_weight)
         scheduler.step()
         norms = norm_statistics(raw_queries.detach().float().cpu().numpy(),
                                 raw_documents.detach().float().cpu().numpy())

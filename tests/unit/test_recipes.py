@@ -1,0 +1,100 @@
+"""Fine-tuning recipes that keep the base model: partial fine-tuning, L2-SP toward the start, WiSE-FT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rag_mag.data import write_jsonl
+from rag_mag.errors import CheckpointError, ConfigError
+from rag_mag.retriever.config import TrainConfig
+from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.interpolate import interpolate
+from rag_mag.retriever.recipes import freeze_below_top_layers, layer_index
+from rag_mag.retriever.trainer import Trainer
+from tests.tiny import capital_triples, tiny_encoder
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    write_jsonl(tmp_path / "train.jsonl", capital_triples())
+    monkeypatch.setattr(MagnitudeEncoder, "build",
+                        classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tmp_path / "tok", strategy)))
+    base = tmp_path / "base"
+    tiny_encoder(tmp_path / "tok").model.save_pretrained(base)  # the weights build() starts from (seed 0)
+
+    def make(**overrides):
+        values = dict(train_data=str(tmp_path / "train.jsonl"), out=str(tmp_path / "run"), steps=10, batch_size=8,
+                      learning_rate=1e-3, eval_every=0, val_fraction=0.0, warmup_ratio=0.0, calibration_samples=8,
+                      base_model=str(base))
+        values.update(overrides)
+        return TrainConfig(**values)
+
+    return make
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    return {name: value.clone() for name, value in MagnitudeEncoder.load(folder).model.state_dict().items()}
+
+
+def test_layer_index_reads_bert_and_llama_names():
+    assert layer_index("encoder.layer.3.attention.self.query.weight") == 3
+    assert layer_index("model.layers.11.mlp.up_proj.weight") == 11
+    assert layer_index("embeddings.word_embeddings.weight") is None
+
+
+def test_partial_fine_tuning_changes_only_the_top_layers(setup, tmp_path):
+    start = tiny_encoder(tmp_path / "tok").model.state_dict()
+    result = Trainer(setup(train_layers=1)).train()
+    trained = _weights(result.best_dir)
+    changed = {name for name in start if not torch.equal(start[name], trained[name])}
+    assert changed and all(layer_index(name) == 1 for name in changed)  # the tiny BERT has layers 0 and 1
+    assert torch.equal(start["embeddings.word_embeddings.weight"], trained["embeddings.word_embeddings.weight"])
+
+
+def test_l2sp_keeps_the_weights_near_their_start(setup, tmp_path):
+    start = tiny_encoder(tmp_path / "tok").model.state_dict()
+
+    def drift(folder) -> float:
+        trained = _weights(folder)
+        return sum(float((trained[n] - start[n]).pow(2).sum()) for n in start if start[n].is_floating_point())
+
+    free = drift(Trainer(setup(out=str(tmp_path / "free"))).train().best_dir)
+    anchored = drift(Trainer(setup(out=str(tmp_path / "anchored"), anchor_weight=900.0)).train().best_dir)
+    assert anchored < 0.5 * free
+
+
+@pytest.mark.parametrize("field, value, message", [("train_layers", -1, "train_layers"),
+                                                    ("anchor_weight", -1.0, "anchor_weight"),
+                                                    ("anchor_weight", 2000.0, "overshoot")])
+def test_bad_recipe_settings_are_refused(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**{field: value, "learning_rate": 1e-3})
+
+
+def test_more_top_layers_than_the_model_has_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="has 2 layers"):
+        freeze_below_top_layers(tiny_encoder(tmp_path).model, 3)
+
+
+def test_wise_ft_is_the_straight_line_between_base_and_tuned(tmp_path):
+    base = tiny_encoder(tmp_path / "a", "learnable", seed=0)
+    tuned = tiny_encoder(tmp_path / "b", "learnable", seed=1)
+    tuned.config.query_degree = 0.9
+    tuned = MagnitudeEncoder(tuned.model, tuned.tokenizer, tuned.config)
+    name = "encoder.layer.0.attention.self.query.weight"
+    b, t = base.model.state_dict()[name], tuned.model.state_dict()[name]
+    for alpha, expected in ((0.0, b), (1.0, t), (0.25, 0.75 * b + 0.25 * t)):
+        mixed = interpolate(tuned, base.model, alpha)
+        assert torch.allclose(mixed.model.state_dict()[name], expected, atol=1e-6)
+    half = interpolate(tuned, base.model, 0.5)
+    assert half.degrees.as_floats()[0] == pytest.approx(0.7, abs=1e-4)  # from 0.5 (learnable's start) to 0.9
+    assert tuned.degrees.as_floats()[0] == pytest.approx(0.9, abs=1e-4)  # the tuned encoder is left as it was
+
+
+def test_wise_ft_refuses_a_bad_alpha_and_another_base(tmp_path):
+    tuned = tiny_encoder(tmp_path / "a")
+    with pytest.raises(ConfigError, match="alpha"):
+        interpolate(tuned, tiny_encoder(tmp_path / "b").model, 1.5)
+    with pytest.raises(CheckpointError, match="not trained from this base"):
+        interpolate(tuned, tiny_encoder(tmp_path / "c", hidden_size=16).model, 0.5)
