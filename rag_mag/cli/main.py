@@ -20,6 +20,7 @@ from rag_mag.errors import RagMagError
 COMMANDS = {
     "train": "train",
     "train-reader": "train_reader",
+    "interpolate": "interpolate",
     "mine": "mine",
     "build-data": "build_data",
     "encode": "encode",

@@ -13,7 +13,9 @@ from rag_mag.retriever.config import add_dataclass_arguments, load_train_config
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "train-reader", help="fine-tune the reader (SmolLM2 + LoRA) to answer with short spans from its passages",
-        description="Supervised fine-tuning (TRL's SFTTrainer, a LoRA adapter, the loss on the answer tokens only) "
+        description="Supervised fine-tuning (TRL's SFTTrainer, the loss on the answer tokens only; --method lora "
+                    "trains a LoRA adapter, --method full the decoder's linear weights, shipped as the rank "
+                    "--export-rank SVD cut of their change) "
                     "of the packaged SmolLM2-135M-Instruct on training-side questions: HotpotQA supporting "
                     "paragraphs among distractors, NQ-open oracle passages, mined answer-bearing passages, and a "
                     "dense retriever's top-k. Every question of the evaluation sets that --exclude-from lists is "

@@ -98,3 +98,23 @@ def test_wise_ft_refuses_a_bad_alpha_and_another_base(tmp_path):
         interpolate(tuned, tiny_encoder(tmp_path / "b").model, 1.5)
     with pytest.raises(CheckpointError, match="not trained from this base"):
         interpolate(tuned, tiny_encoder(tmp_path / "c", hidden_size=16).model, 0.5)
+
+
+def test_rag_mag_interpolate_writes_the_mixed_checkpoint_and_records_alpha(tmp_path, capsys):
+    import json
+
+    from rag_mag.cli.main import main
+
+    tiny_encoder(tmp_path / "t0", seed=0).model.save_pretrained(tmp_path / "base")
+    tuned = tiny_encoder(tmp_path / "t1", seed=1).save(tmp_path / "tuned")
+    flags = ["interpolate", "--retriever", str(tuned), "--base-model", str(tmp_path / "base"), "--out"]
+    assert main(flags + [str(tmp_path / "mixed"), "--alpha", "0.5"]) == 0
+    mixed = MagnitudeEncoder.load(tmp_path / "mixed")
+    name = "encoder.layer.1.output.dense.weight"
+    expected = 0.5 * (tiny_encoder(tmp_path / "t0", seed=0).model.state_dict()[name]
+                      + MagnitudeEncoder.load(tuned).model.state_dict()[name])
+    assert torch.allclose(mixed.model.state_dict()[name], expected, atol=1e-6)
+    assert json.loads((tmp_path / "mixed" / "rag_mag.json").read_text())["training"]["wise_ft"]["alpha"] == 0.5
+    capsys.readouterr()
+    assert main(flags + [str(tmp_path / "bad"), "--alpha", "-0.1"]) == 2
+    assert "alpha must be a number in [0, 1]" in capsys.readouterr().err and not (tmp_path / "bad").exists()
