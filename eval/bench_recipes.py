@@ -232,10 +232,11 @@ def write_report(cells_dir: Path, out: Path) -> Path:
              "the paired difference from the untrained MiniLM (step 0) ± its standard error. No test question is "
              "read.", ""]
     for cell in cells:
+        queries = cell.get("queries") or {}
         lines.append(f"- {cell['holdout']} / {cell['recipe']}: {cell.get('train_rows')} training rows, "
-                     f"{cell.get('queries')} validation queries, {cell.get('steps')} steps, "
-                     f"{'finished' if cell.get('finished') else 'in progress'}"
-                     f"{', ' + str(cell['seconds']) + ' s' if cell.get('seconds') else ''}, on {cell.get('cpu')}")
+                     f"{queries.get('held_out')} held-out and {queries.get('in_domain')} in-domain validation "
+                     f"queries, {cell.get('steps')} steps, {'finished' if cell.get('finished') else 'in progress'}, "
+                     f"on a CPU with {cell.get('cpu')}")
     lines += ["", *summary_rows(cells), "", "## What the held-out validation chooses", "", *choices(cells), ""]
     durable.write_text(out, "\n".join(lines))
     return out
