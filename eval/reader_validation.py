@@ -52,11 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
                                           adapter).merge_and_unload()
         scores, answers = validation_scores(model, tokenizer, validation, max_new_tokens=16, bf16=bf16)
-        per_example = score_answers(answers, [e.answers for e in validation]).em_per_example
-        row = {"adapter": adapter, "n": len(validation), "em": round(scores["em"], 1), "f1": round(scores["f1"], 1)}
-        for view in sorted({e.view for e in validation}):
-            rows = [i for i, e in enumerate(validation) if e.view == view]
-            row[f"em_{view}"] = round(100.0 * float(per_example[rows].mean()), 1)
+        per_example = score_answers(answers, [e.answers for e in validation]).em_per_example  # for the paired test
+        row = {"adapter": adapter, **{name: round(value, 1) if isinstance(value, float) else value
+                                      for name, value in scores.items() if not name.startswith("n_")}}
         if first is None:
             first = per_example
         else:

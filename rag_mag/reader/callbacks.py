@@ -14,7 +14,6 @@ from transformers import TrainerCallback
 
 from rag_mag import durable
 from rag_mag.errors import TrainingError
-from rag_mag.metrics.answers import score_answers
 from rag_mag.reader.export import low_rank_weights, write_adapter
 from rag_mag.reader.prompts import validation_scores
 
@@ -80,15 +79,8 @@ class ReaderCallbacks(TrainerCallback):
             self._validate(step, kwargs["model"])
 
     def _scores(self, model) -> tuple[dict[str, Any], list[str]]:
-        """EM/F1 on the validation examples, overall and per view (gold, retrieved, followup)."""
-        scores, answers = validation_scores(model, self.tokenizer, self.validation,
-                                            max_new_tokens=self.config.max_new_tokens, bf16=self.bf16)
-        views = sorted({example.view for example in self.validation})
-        for view in views:
-            rows = [i for i, example in enumerate(self.validation) if example.view == view]
-            part = score_answers([answers[i] for i in rows], [self.validation[i].answers for i in rows])
-            scores[f"em_{view}"], scores[f"n_{view}"] = part.em, len(rows)
-        return scores, answers
+        return validation_scores(model, self.tokenizer, self.validation, max_new_tokens=self.config.max_new_tokens,
+                                 bf16=self.bf16)
 
     def _validate(self, step: int, model) -> None:
         scores, answers = self._scores(model)

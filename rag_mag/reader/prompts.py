@@ -27,7 +27,7 @@ def render(tokenizer, example: ReaderExample) -> tuple[list[int], list[int]]:
 
 def validation_scores(model, tokenizer, validation: list[ReaderExample], *, max_new_tokens: int,
                       bf16: bool, batch_size: int = 16) -> tuple[dict[str, float], list[str]]:
-    """Greedy answers to the validation prompts; EM and F1 (0-100) against every gold alias."""
+    """Greedy answers to the validation prompts; EM and F1 (0-100) against every gold alias, and EM per view."""
     import torch
 
     from rag_mag.precision import autocast
@@ -48,4 +48,9 @@ def validation_scores(model, tokenizer, validation: list[ReaderExample], *, max_
                 answers[i] = clean_answer(tokenizer.decode(row, skip_special_tokens=True))
     model.train(was_training)
     scores = score_answers(answers, [e.answers for e in validation])
-    return {"em": scores.em, "f1": scores.f1, "n": len(validation)}, answers
+    result = {"em": scores.em, "f1": scores.f1, "n": len(validation)}
+    for view in sorted({example.view for example in validation}):  # gold, retrieved, followup
+        rows = [i for i, example in enumerate(validation) if example.view == view]
+        result[f"em_{view}"] = 100.0 * float(scores.em_per_example[rows].mean())
+        result[f"n_{view}"] = len(rows)
+    return result, answers
