@@ -17,7 +17,10 @@ on HotpotQA gold; the mined pairs are HotpotQA/2Wiki questions, so they are held
 ``plain`` (every weight), ``top2`` (only the top 2 of MiniLM's 6 layers: partial fine-tuning), ``l2sp`` (decoupled
 decay toward the starting weights, ``anchor_weight`` 500: one hundredth of the distance a step at the peak
 learning rate), and ``wise`` (WiSE-FT: ``plain``'s final weights interpolated with the base at alpha 0.25, 0.5,
-0.75, scored at the last step). The held-out columns choose; the test sets are never read here.
+0.75, scored at the last step). Two more runs ask how a one-sided strategy should start: ``qnorm`` (the paper's
+recipe: qnorm from the untrained MiniLM, whose norms mean little) and ``qnorm_cos`` (a curriculum: qnorm from
+``plain``'s final cosine weights). Every delta is against the untrained MiniLM scored by cosine (``plain``'s step
+0). The held-out columns choose; the test sets are never read here.
 Each run's measurements are a cell (``eval/reports/recipes/cells/HOLDOUT_RECIPE.json``), written after every
 checkpoint; an interrupted run resumes from its ``last/`` and its cell.
 """
@@ -46,7 +49,9 @@ from rag_mag.retriever.trainer import Trainer, validation_scores  # noqa: E402
 logger = logging.getLogger("bench_recipes")
 
 HOLDOUTS = {"nq_oracle_gold": ("nq_oracle_gold",), "hotpot": ("hotpotqa_gold", "mined")}
-RECIPES = {"plain": {}, "top2": {"train_layers": 2}, "l2sp": {"anchor_weight": 500.0}}
+RECIPES = {"plain": {}, "top2": {"train_layers": 2}, "l2sp": {"anchor_weight": 500.0},
+           "qnorm": {"strategy": "qnorm"}, "qnorm_cos": {"strategy": "qnorm"}}
+STARTS_FROM_PLAIN = ("wise", "qnorm_cos")  # need the hold-out's finished plain (cosine) run
 ALPHAS = (0.25, 0.5, 0.75)
 SETTINGS = dict(strategy="cosine", batch_size=32, hard_negatives=1, learning_rate=2e-5, temperature=0.05,
                 val_max_queries=300, eval_every=0, save_every=50, precision="auto", val_fraction=0.0)
@@ -107,10 +112,22 @@ class RecipeRun:
                              for _, row in iter_jsonl(data[f"{name}_pool"])] for name in self.sets}
 
     def config(self) -> TrainConfig:
-        recipe = RECIPES["plain" if self.recipe == "wise" else self.recipe]
+        settings = {**SETTINGS, **RECIPES["plain" if self.recipe == "wise" else self.recipe]}
+        if self.recipe == "qnorm_cos":
+            settings["base_model"] = str(self._finished_plain())
         # the trainer validates nothing itself: this run's step hook measures both validations
-        return TrainConfig(**SETTINGS, **recipe, steps=self.steps, train_data=str(self.data["train"]),
-                           out=str(self.out))
+        return TrainConfig(**settings, steps=self.steps, train_data=str(self.data["train"]), out=str(self.out))
+
+    def _finished_plain(self) -> Path:
+        """The final checkpoint of this hold-out's finished plain run (what wise and qnorm_cos start from)."""
+        plain_path = self.cell_path.with_name(f"{self.holdout}_plain.json")
+        plain = json.loads(plain_path.read_text()) if plain_path.is_file() else {}
+        last = self.out.with_name(f"{self.holdout}_plain") / "last"
+        state = json.loads((last / "trainer_state.json").read_text()) if (last / "trainer_state.json").is_file() else {}
+        if not plain.get("finished") or state.get("step") != self.steps:
+            raise SystemExit(f"{self.recipe} needs the finished plain run of {self.holdout} at {self.steps} steps "
+                             f"({plain_path}, {last}); run --recipe plain first")
+        return last
 
     def _save(self) -> None:
         self.cell_path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,15 +151,10 @@ class RecipeRun:
         """WiSE-FT of the finished plain run: its step-0 and final points, and the interpolated weights."""
         from rag_mag.retriever.encoder import MagnitudeEncoder
 
-        plain_path = self.cell_path.with_name(f"{self.holdout}_plain.json")
-        plain = json.loads(plain_path.read_text()) if plain_path.is_file() else {}
-        state_path = self.out / "last" / "trainer_state.json"
-        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-        if not plain.get("finished") or state.get("step") != self.steps:
-            raise SystemExit(f"wise needs the finished plain run of {self.holdout} at {self.steps} steps "
-                             f"({plain_path}, {self.out / 'last'}); run --recipe plain first")
+        last = self._finished_plain()
+        plain = json.loads(self.cell_path.with_name(f"{self.holdout}_plain.json").read_text())
         self.cell["points"] = {step: plain["points"][step] for step in ("0", str(self.steps))}
-        encoder = MagnitudeEncoder.load(self.out / "last")
+        encoder = MagnitudeEncoder.load(last)
         self._wise(encoder, use_bf16(SETTINGS["precision"], encoder.device))
 
     def _wise(self, encoder, bf16: bool) -> None:
@@ -167,7 +179,7 @@ class RecipeRun:
         started = time.perf_counter()
         config = self.config()
         self.cell.update(holdout=self.holdout, recipe=self.recipe, steps=self.steps, cpu=cpu_kind(),
-                         settings={k: v for k, v in config.to_dict().items() if k in (*SETTINGS, *RECIPES[
+                         settings={k: v for k, v in config.to_dict().items() if k in (*SETTINGS, "base_model", *RECIPES[
                              "plain" if self.recipe == "wise" else self.recipe])},
                          train_rows=sum(1 for _ in iter_jsonl(self.data["train"])),
                          queries={name: len(triples) for name, triples in self.sets.items()})
@@ -180,11 +192,19 @@ class RecipeRun:
         self._save()
 
 
+def references(cells: list[dict]) -> dict[str, dict]:
+    """Per hold-out, the untrained MiniLM scored by cosine (the plain run's step 0): what every delta is against.
+    A hold-out without a plain run falls back on each cell's own step 0."""
+    return {cell["holdout"]: cell["points"]["0"] for cell in cells
+            if cell["recipe"] == "plain" and "0" in cell.get("points", {})}
+
+
 def summary_rows(cells: list[dict]) -> list[str]:
     lines = ["| hold-out | recipe | step / alpha | held-out nDCG@10 (vs base) | in-domain nDCG@10 (vs base) |",
              "|---|---|---|---|---|"]
+    reference = references(cells)
     for cell in cells:
-        base = cell["points"].get("0")
+        base = reference.get(cell["holdout"], cell["points"].get("0"))
         if not base:
             continue
         entries = [(f"step {step}", point) for step, point in sorted(cell["points"].items(), key=lambda kv: int(kv[0]))
@@ -201,21 +221,60 @@ def summary_rows(cells: list[dict]) -> list[str]:
     return lines
 
 
+def candidates(cell: dict) -> list[tuple[str, dict]]:
+    """The points a cell offers to choose from: its checkpoints, or (wise) its mixing weights, 0 and 1 included."""
+    if cell["recipe"] != "wise":
+        return [(f"step {s}", p) for s, p in cell["points"].items()]
+    return ([(f"alpha {a}", p) for a, p in cell.get("alphas", {}).items()] + [("alpha 0.0", cell["points"]["0"])]
+            + [("alpha 1.0", p) for s, p in cell["points"].items() if s == str(cell["steps"])])
+
+
+def default_recipe(cells: list[dict]) -> list[str]:
+    """The rule that picks the default recipe: among the cosine recipes' points measured on every hold-out, the
+    highest mean held-out gain over the untrained model; ties go to the point nearer the base. The in-domain
+    column is shown, never used."""
+    reference = references(cells)
+    holdouts = sorted({cell["holdout"] for cell in cells if cell.get("finished")})
+    gains: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+    for cell in cells:
+        if not cell.get("finished") or cell["recipe"] not in ("plain", "top2", "l2sp", "wise"):
+            continue
+        base = reference.get(cell["holdout"], cell["points"]["0"])
+        for label, point in candidates(cell):
+            if label == "alpha 1.0":
+                continue  # plain's last step, already a candidate
+            untrained = label in ("step 0", "alpha 0.0")  # one candidate, whichever recipe measured it
+            key = ("base", "") if untrained else (cell["recipe"], label)
+            gains.setdefault(key, {})[cell["holdout"]] = tuple(
+                paired(point[name]["per_query"], base[name]["per_query"])["delta"]
+                for name in ("held_out", "in_domain"))
+    complete = {key: by for key, by in gains.items() if set(by) == set(holdouts)}
+    if not complete:
+        return ["- no recipe has finished on every hold-out yet"]
+
+    def nearness(key: tuple[str, str]) -> float:
+        return 0.0 if key[0] == "base" else float(key[1].split()[1]) / (1.0 if key[0] == "wise" else 1000.0)
+
+    ranked = sorted(complete.items(), key=lambda kv: (-np.mean([v[0] for v in kv[1].values()]), nearness(kv[0])))
+    lines = ["| recipe | point | " + " | ".join(f"{h}: held-out / in-domain" for h in holdouts) + " | mean held-out |",
+             "|---|---|" + "---|" * len(holdouts) + "---|"]
+    for (recipe, label), by in ranked:
+        cols = " | ".join(f"{by[h][0]:+.1f} / {by[h][1]:+.1f}" for h in holdouts)
+        lines.append(f"| {recipe} | {label or '-'} | {cols} | {np.mean([v[0] for v in by.values()]):+.2f} |")
+    (recipe, label), _ = ranked[0]
+    return [*lines, "", f"Chosen by the rule: **{recipe} {label}**".rstrip() + "."]
+
+
 def choices(cells: list[dict]) -> list[str]:
     """Per hold-out and recipe, the point the held-out validation chooses (the highest held-out nDCG@10; ties
     go to the earlier step or the smaller alpha, the point nearer the base)."""
-    lines = []
+    lines, reference = [], references(cells)
     for cell in cells:
-        if cell["recipe"] == "wise":
-            candidates = [(f"alpha {a}", p) for a, p in cell.get("alphas", {}).items()]
-            candidates += [("alpha 0.0", cell["points"]["0"])] + [
-                ("alpha 1.0", p) for s, p in cell["points"].items() if s == str(cell["steps"])]
-        else:
-            candidates = [(f"step {s}", p) for s, p in cell["points"].items()]
-        if not candidates:
+        offered = candidates(cell)
+        if not offered:
             continue
-        label, point = max(candidates, key=lambda c: (c[1]["held_out"]["ndcg@10"], -float(c[0].split()[1])))
-        base = cell["points"]["0"]
+        label, point = max(offered, key=lambda c: (c[1]["held_out"]["ndcg@10"], -float(c[0].split()[1])))
+        base = reference.get(cell["holdout"], cell["points"]["0"])
         d_out = paired(point["held_out"]["per_query"], base["held_out"]["per_query"])
         d_in = paired(point["in_domain"]["per_query"], base["in_domain"]["per_query"])
         lines.append(f"- {cell['holdout']} / {cell['recipe']}: {label} (held-out {d_out['delta']:+.1f} ± "
@@ -237,7 +296,8 @@ def write_report(cells_dir: Path, out: Path) -> Path:
                      f"{queries.get('held_out')} held-out and {queries.get('in_domain')} in-domain validation "
                      f"queries, {cell.get('steps')} steps, {'finished' if cell.get('finished') else 'in progress'}, "
                      f"on a CPU with {cell.get('cpu')}")
-    lines += ["", *summary_rows(cells), "", "## What the held-out validation chooses", "", *choices(cells), ""]
+    lines += ["", *summary_rows(cells), "", "## What the held-out validation chooses", "", *choices(cells), "",
+              "## The default recipe", "", *default_recipe(cells), ""]
     durable.write_text(out, "\n".join(lines))
     return out
 
