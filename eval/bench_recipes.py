@@ -13,14 +13,15 @@ elsewhere, so each hold-out trains without some sources and validates on two set
 
 Hold-outs: ``nq_oracle_gold`` (train on HotpotQA gold + mined, validate on NQ) and ``hotpot`` (train on NQ, validate
 on HotpotQA gold; the mined pairs are HotpotQA/2Wiki questions, so they are held out with it). Recipes, each
-``cosine`` at the crossover study's settings (batch 32, one hard negative, learning rate 2e-5, 200 steps):
-``plain`` (every weight), ``top2`` (only the top 2 of MiniLM's 6 layers: partial fine-tuning), ``l2sp`` (decoupled
-decay toward the starting weights, ``anchor_weight`` 500: one hundredth of the distance a step at the peak
-learning rate), and ``wise`` (WiSE-FT: ``plain``'s final weights interpolated with the base at alpha 0.25, 0.5,
-0.75, scored at the last step). Two more runs ask how a one-sided strategy should start: ``qnorm`` (the paper's
-recipe: qnorm from the untrained MiniLM, whose norms mean little) and ``qnorm_cos`` (a curriculum: qnorm from
-``plain``'s final cosine weights). Every delta is against the untrained MiniLM scored by cosine (``plain``'s step
-0). The held-out columns choose; the test sets are never read here.
+``cosine`` at the crossover study's settings (batch 32, one hard negative, learning rate 2e-5, 200 steps): ``plain``
+(every weight), ``top2`` (only the top 2 of MiniLM's 6 layers: partial fine-tuning), ``l2sp`` (decoupled decay
+toward the starting weights, ``anchor_weight`` 500: one hundredth of the distance a step at the peak learning rate),
+``distill`` (the KL divergence from the untrained model's in-batch ranking of each query, ``distill_weight`` 1: the
+loss keeps the base model's rankings rather than its weights), and ``wise`` (WiSE-FT: ``plain``'s final weights
+interpolated with the base at alpha 0.25, 0.5, 0.75, scored at the last step). Two more runs ask how a one-sided
+strategy should start: ``qnorm`` (the paper's recipe: qnorm from the untrained MiniLM, whose norms mean little) and
+``qnorm_cos`` (a curriculum: qnorm from ``plain``'s final cosine weights). Every delta is against the untrained
+MiniLM scored by cosine (``plain``'s step 0). The held-out columns choose; the test sets are never read here.
 Each run's measurements are a cell (``eval/reports/recipes/cells/HOLDOUT_RECIPE.json``), written after every
 checkpoint; an interrupted run resumes from its ``last/`` and its cell.
 """
@@ -50,7 +51,7 @@ logger = logging.getLogger("bench_recipes")
 
 HOLDOUTS = {"nq_oracle_gold": ("nq_oracle_gold",), "hotpot": ("hotpotqa_gold", "mined")}
 RECIPES = {"plain": {}, "top2": {"train_layers": 2}, "l2sp": {"anchor_weight": 500.0},
-           "qnorm": {"strategy": "qnorm"}, "qnorm_cos": {"strategy": "qnorm"}}
+           "distill": {"distill_weight": 1.0}, "qnorm": {"strategy": "qnorm"}, "qnorm_cos": {"strategy": "qnorm"}}
 STARTS_FROM_PLAIN = ("wise", "qnorm_cos")  # need the hold-out's finished plain (cosine) run
 ALPHAS = (0.25, 0.5, 0.75)
 SETTINGS = dict(strategy="cosine", batch_size=32, hard_negatives=1, learning_rate=2e-5, temperature=0.05,
@@ -237,7 +238,7 @@ def default_recipe(cells: list[dict]) -> list[str]:
     holdouts = sorted({cell["holdout"] for cell in cells if cell.get("finished")})
     gains: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
     for cell in cells:
-        if not cell.get("finished") or cell["recipe"] not in ("plain", "top2", "l2sp", "wise"):
+        if not cell.get("finished") or cell["recipe"] not in ("plain", "top2", "l2sp", "distill", "wise"):
             continue
         base = reference.get(cell["holdout"], cell["points"]["0"])
         for label, point in candidates(cell):

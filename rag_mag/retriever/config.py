@@ -58,6 +58,9 @@ class TrainConfig:
     anchor_weight: float = _f(0.0, "L2-SP as decoupled decay toward the starting weights: after each step every "
                                    "trained weight moves learning_rate x anchor_weight of its distance back to its "
                                    "start (0: off; at learning rate 2e-5, 500 pulls back one hundredth a step)")
+    distill_weight: float = _f(0.0, "keep the base model's rankings: add this weight x the KL divergence from the "
+                                     "starting encoder's in-batch score distribution of each query to the trained "
+                                     "one's (0: off; it costs one more forward pass a step)")
     length_bucket_size: int = _f(16, "encode each step's texts in length-sorted chunks of this size, each padded "
                                      "to its own longest text (0: one padded batch per side)")
     precision: str = _f("auto", "auto, bf16 or fp32: auto uses bfloat16 autocast only where the hardware computes "
@@ -93,6 +96,8 @@ class TrainConfig:
         if not 0.0 <= self.anchor_weight or self.anchor_weight * self.learning_rate >= 1.0:
             raise ConfigError(f"anchor_weight must be 0 or more and anchor_weight x learning_rate below 1 (a step "
                               f"would overshoot the start), got {self.anchor_weight} at {self.learning_rate}")
+        if not (math.isfinite(self.distill_weight) and self.distill_weight >= 0.0):
+            raise ConfigError(f"distill_weight must be 0 or more, got {self.distill_weight}")
         for name in ("val_fraction", "warmup_ratio", "weight_decay"):
             value = float(getattr(self, name))
             if not 0.0 <= value < 1.0:

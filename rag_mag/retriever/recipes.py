@@ -1,7 +1,9 @@
-"""Fine-tuning that keeps the base model: train only the top layers, or pull every weight back toward its start.
+"""Fine-tuning that keeps the base model: train only the top layers, pull every weight back toward its start, or
+distil the starting encoder's rankings.
 
-Both act on the transformer inside a ``MagnitudeEncoder`` and are switched on by ``TrainConfig`` fields
-(``train_layers``, ``anchor_weight``); weight-space interpolation after training is ``interpolate.py``.
+They act on the transformer inside a ``MagnitudeEncoder`` and are switched on by ``TrainConfig`` fields
+(``train_layers``, ``anchor_weight``, ``distill_weight``); weight-space interpolation after training is
+``interpolate.py``.
 Which of them the default recipe uses is decided on validation from a domain the run did not train on
 (``eval/bench_recipes.py``).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.nn.functional as F
 
 from rag_mag.errors import ConfigError
 
@@ -60,3 +63,35 @@ def pull_toward_start(model: torch.nn.Module, start: dict[str, torch.Tensor], fr
     for name, parameter in model.named_parameters():
         if name in start:
             parameter.sub_(fraction * (parameter - start[name]))
+
+
+def frozen_start(encoder, config):
+    """A frozen copy of the encoder a run starts from (the base model, with the run's strategy and norm scales):
+    the teacher of ``distill_weight``. Built from the base model, so a resumed run distils the same start."""
+    from rag_mag.retriever.encoder import MagnitudeEncoder
+
+    teacher = MagnitudeEncoder.build(config.base_model or None, encoder.config.strategy, encoder.config.pooling,
+                                     encoder.config.query_max_length, encoder.config.document_max_length,
+                                     encoder.config.temperature)
+    teacher.config.query_norm_scale = encoder.config.query_norm_scale
+    teacher.config.document_norm_scale = encoder.config.document_norm_scale
+    teacher.eval()
+    for parameter in teacher.parameters():
+        parameter.requires_grad_(False)
+    return teacher
+
+
+def ranking_divergence(student: torch.Tensor, teacher: torch.Tensor, temperature: float,
+                       excluded: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over queries of KL(teacher || student) between their softmax distributions over the same candidates.
+    ``student``, ``teacher``: (queries, candidates) similarity scores; ``excluded``: (queries, candidates) bool,
+    candidates left out of both distributions (other copies of a query's positive)."""
+    if excluded is not None:
+        student = student.masked_fill(excluded, float("-inf"))
+        teacher = teacher.masked_fill(excluded, float("-inf"))
+    student_log = F.log_softmax(student / temperature, dim=1)
+    teacher_log = F.log_softmax(teacher / temperature, dim=1)
+    terms = teacher_log.exp() * (teacher_log - student_log)
+    if excluded is not None:
+        terms = terms.masked_fill(excluded, 0.0)  # 0 x (-inf - -inf) would be NaN
+    return terms.sum(dim=1).mean()

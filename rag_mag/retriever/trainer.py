@@ -49,7 +49,13 @@ from rag_mag.retriever.diagnostics import norm_statistics
 from rag_mag.retriever.distributed import ProcessGroup, shard_bounds
 from rag_mag.retriever.encoder import CONFIG_NAME, MagnitudeEncoder
 from rag_mag.retriever.loss import InfoNCELoss
-from rag_mag.retriever.recipes import freeze_below_top_layers, pull_toward_start, starting_weights
+from rag_mag.retriever.recipes import (
+    freeze_below_top_layers,
+    frozen_start,
+    pull_toward_start,
+    ranking_divergence,
+    starting_weights,
+)
 from rag_mag.retriever.selection import within_one_standard_error
 
 logger = logging.getLogger(__name__)
@@ -474,6 +480,7 @@ class Trainer:
         encoder.config.training = config.to_dict()
         freeze_below_top_layers(encoder.model, config.train_layers)
         self._anchor = starting_weights(encoder.model, config) if config.anchor_weight else None
+        self._teacher = frozen_start(encoder, config).to(self.device) if config.distill_weight else None
         optimizer, scheduler = self._build_optimizer(encoder)
         step, best_metrics = self._resume(optimizer, scheduler) if resuming else (0, {})
         self.step = step
@@ -569,10 +576,14 @@ class Trainer:
         queries = encoder.treat_queries(raw_queries)
         treated_documents = encoder.treat_documents(raw_documents)
         hard_negatives = treated_documents[len(batch):]
+        excluded = false_negative_mask(batch, documents).to(self.device)
         output = loss_fn(queries, treated_documents[: len(batch)],
-                         hard_negatives if hard_negatives.shape[0] else None,
-                         false_negatives=false_negative_mask(batch, documents).to(self.device))
+                         hard_negatives if hard_negatives.shape[0] else None, false_negatives=excluded)
         loss = output["loss"]
+        divergence = None
+        if self._teacher is not None:
+            divergence = self._divergence_from_start(batch, queries @ treated_documents.T, excluded)
+            loss = loss + self.config.distill_weight * divergence
         if not torch.isfinite(loss):
             raise TrainingError(f"loss became {loss.item()} at step {step + 1}; nothing was saved over the last "
                                 f"good checkpoint in {self.last_dir}. Lower --learning-rate, raise --temperature "
@@ -592,8 +603,24 @@ class Trainer:
                                 raw_documents.detach().float().cpu().numpy())
         query_degree, document_degree = encoder.degrees.as_floats()
         return {"loss": loss.item(), "accuracy": float(output["accuracy"]), "grad_norm": float(gradient_norm),
-                **norms.to_dict(), "document_cosine": mean_pairwise_cosine(raw_documents),
+                **({"divergence": divergence.item()} if divergence is not None else {}), **norms.to_dict(),
+                "document_cosine": mean_pairwise_cosine(raw_documents),
                 "g_query": query_degree, "g_document": document_degree, "lr": scheduler.get_last_lr()[0]}
+
+    def _divergence_from_start(self, batch, scores: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
+        """KL from the starting encoder's in-batch ranking of each query to the trained one's (``scores``:
+        (batch, n_docs), the trained encoder's scores of the loss's candidates, in its order)."""
+        teacher = self._teacher
+        start, end = self.group.my_shard(len(batch))
+        shard, bucket = batch[start:end], self.config.length_bucket_size
+        with torch.no_grad(), autocast(self.device, self.bf16):
+            raw_queries = teacher.embed_queries([triple.query for triple, _, _ in shard], bucket)
+            raw_documents = teacher.embed_documents(
+                [p.content for _, p, _ in shard] + [n.content for _, _, negatives in shard for n in negatives],
+                bucket)
+        raw_queries, raw_documents = self._gather_batch(batch, raw_queries.float(), raw_documents.float())
+        reference = teacher.treat_queries(raw_queries) @ teacher.treat_documents(raw_documents).T
+        return ranking_divergence(scores, reference, self.config.temperature, excluded)
 
     def _gather_batch(self, batch, raw_queries: torch.Tensor, raw_documents: torch.Tensor,
                       ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""Fine-tuning recipes that keep the base model: partial fine-tuning, L2-SP toward the start, WiSE-FT."""
+"""Fine-tuning recipes that keep the base model: partial fine-tuning, L2-SP toward the start, distillation of the
+start's rankings, WiSE-FT."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rag_mag.errors import CheckpointError, ConfigError
 from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.interpolate import interpolate
-from rag_mag.retriever.recipes import freeze_below_top_layers, layer_index
+from rag_mag.retriever.recipes import freeze_below_top_layers, layer_index, ranking_divergence
 from rag_mag.retriever.trainer import Trainer
 from tests.tiny import capital_triples, tiny_encoder
 
@@ -64,8 +65,41 @@ def test_l2sp_keeps_the_weights_near_their_start(setup, tmp_path):
     assert anchored < 0.5 * free
 
 
+def test_ranking_divergence_is_zero_only_for_the_same_ranking_and_skips_excluded_candidates():
+    teacher = torch.tensor([[0.9, 0.1, 0.3], [0.2, 0.8, 0.5]])
+    assert float(ranking_divergence(teacher, teacher, 0.05)) == pytest.approx(0.0, abs=1e-6)
+    swapped = teacher[:, [1, 0, 2]]
+    assert float(ranking_divergence(swapped, teacher, 0.05)) > 1.0
+    excluded = torch.tensor([[False, False, True], [False, False, True]])
+    changed_only_there = teacher.clone()
+    changed_only_there[:, 2] = -5.0
+    masked = ranking_divergence(changed_only_there, teacher, 0.05, excluded)
+    assert torch.isfinite(masked) and float(masked) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_distillation_keeps_the_starting_rankings(setup, tmp_path):
+    triples = capital_triples()
+    start = tiny_encoder(tmp_path / "tok", "cosine")
+
+    def divergence(folder) -> float:
+        trained = MagnitudeEncoder.load(folder)
+        with torch.no_grad():
+            queries = [t["query"] for t in triples]
+            passages = [t["positives"][0]["text"] for t in triples]
+            scores = [e.treat_queries(e.embed_queries(queries)) @ e.treat_documents(e.embed_documents(passages)).T
+                      for e in (trained, start)]
+        return float(ranking_divergence(scores[0], scores[1], 0.05))
+
+    free = divergence(Trainer(setup(out=str(tmp_path / "free"), strategy="cosine")).train().best_dir)
+    kept = divergence(Trainer(setup(out=str(tmp_path / "kept"), strategy="cosine", distill_weight=20.0)).train()
+                      .best_dir)
+    assert kept < 0.5 * free
+
+
 @pytest.mark.parametrize("field, value, message", [("train_layers", -1, "train_layers"),
                                                     ("anchor_weight", -1.0, "anchor_weight"),
+                                                    ("distill_weight", -0.5, "distill_weight"),
+                                                    ("distill_weight", float("nan"), "distill_weight"),
                                                     ("anchor_weight", 2000.0, "overshoot")])
 def test_bad_recipe_settings_are_refused(field, value, message):
     with pytest.raises(ConfigError, match=message):
