@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from rag_mag.bench.config import BASELINES, split_system, system_name
-from rag_mag.bench.stats import bootstrap_ci, compare_paired
+from rag_mag.bench.stats import bootstrap_ci, compare_paired, holm_adjust
 from rag_mag.models import REPO_ROOT
 
 logger = logging.getLogger(__name__)
@@ -279,7 +279,7 @@ def compare_to_baseline(cells: Sequence[Cell], per_example: Mapping | None, base
 
 def against_untrained(cells: Sequence[Cell], per_example: Mapping | None, metric: str = "ndcg@10",
                       n_resamples: int = 2000, n_permutations: int = 10000, seed: int = 0,
-                      primary_pipeline: str | None = None) -> list[dict]:
+                      primary_pipeline: str | None = None, in_domain: Sequence[str] = ()) -> list[dict]:
     """Does training help? Every trained retriever against the untrained encoder it starts from
     (``base_cosine``), paired on the same questions, with a verdict per (dataset, system):
 
@@ -287,6 +287,10 @@ def against_untrained(cells: Sequence[Cell], per_example: Mapping | None, metric
     - ``worse``: below it by more than the half-width of the trained system's own 95% interval;
     - ``slightly worse``: below it with p < 0.05, but by less than that half-width;
     - ``no clear difference``: none of these.
+
+    Entries on a set outside ``in_domain`` (its training split feeds no training data) also get ``p_holm``: the
+    p-value Holm-adjusted over every such (set, system) pair, one family, so that "training helps out of domain"
+    is claimed at most 5% of the time by chance however many strategies are tried.
     """
     by_key = {(cell.dataset, cell.system): cell for cell in cells}
     entries = []
@@ -302,6 +306,9 @@ def against_untrained(cells: Sequence[Cell], per_example: Mapping | None, metric
                    "slightly worse" if significant and entry["delta"] < 0 else "no clear difference")
         entries.append({**entry, "half_width": half_width if math.isfinite(half_width) else None,
                         "verdict": verdict})
+    outside = [entry for entry in entries if entry["dataset"] not in set(in_domain) and entry["p_value"] is not None]
+    for entry, adjusted in zip(outside, holm_adjust([entry["p_value"] for entry in outside]), strict=True):
+        entry["p_holm"], entry["family"] = adjusted, len(outside)
     return entries
 
 
@@ -317,12 +324,21 @@ def _untrained_section(entries: Sequence[Mapping], datasets: Sequence[str], syst
     for verdict in ("better", "worse", "slightly worse"):
         named = [f"{entry['dataset']}/{entry['system']}" for entry in entries if entry["verdict"] == verdict]
         lines.append(f"- {verdict}: {len(named)} of {len(entries)}" + (f" ({', '.join(named)})" if named else ""))
+    outside = [entry for entry in entries if "p_holm" in entry]
+    if outside:
+        named = [f"{entry['dataset']}/{entry['system']}" for entry in outside
+                 if entry["delta"] > 0 and entry["p_holm"] < ALPHA]
+        sets = ", ".join(dict.fromkeys(entry["dataset"] for entry in outside))
+        lines.append(f"- better out of domain ({sets}: sets whose training split feeds no training data) with "
+                     f"p < {ALPHA} after Holm's adjustment over all {len(outside)} such pairs: {len(named)}"
+                     + (f" ({', '.join(named)})" if named else ""))
     lines.append("")
     by_key = {(entry["dataset"], entry["system"]): entry for entry in entries}
-    rows = [[dataset, system, _delta_text(entry), _number(entry["half_width"]), entry["verdict"]]
+    rows = [[dataset, system, _delta_text(entry), _number(entry["half_width"]),
+             _p(entry["p_holm"]) if "p_holm" in entry else "in domain", entry["verdict"]]
             for dataset in datasets for system in systems if (entry := by_key.get((dataset, system)))]
     return lines + _table(["dataset", "system", f"Δ {metric} against {UNTRAINED}", "half-width of its 95% CI",
-                           "verdict"], rows)
+                           "p, Holm-adjusted out of domain", "verdict"], rows)
 
 
 def _align(ours, theirs, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -847,7 +863,7 @@ def write_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], *, config:
     findings = paper_findings(*of_pipeline(cells, comparisons, primary_pipeline), in_domain=in_domain,
                               baseline=baseline)
     untrained = against_untrained(cells, per_example, n_resamples=n_resamples, n_permutations=n_permutations,
-                                  seed=seed, primary_pipeline=primary_pipeline)
+                                  seed=seed, primary_pipeline=primary_pipeline, in_domain=in_domain)
     plots = [plot for plot in (plot_answers(cells, out / "em_f1.png"), plot_norms(norms or {}, cells,
                                                                                     out / "document_norms.png"),
                                plot_recall(cells, out / "recall_at_k.png")) if plot is not None]

@@ -50,9 +50,9 @@ def _suite(qnorm_em: float, dnorm_em: float = 0.32, with_examples: bool = True):
     return rows, (per_example if with_examples else None), norms
 
 
-def _write(tmp_path, rows, per_example, norms=None, **kwargs):
+def _write(tmp_path, rows, per_example, norms=None, in_domain=("hotpot_qa",), **kwargs):
     return write_report(tmp_path / "report", rows, config={"name": "unit", "strategies": ["cosine", "qnorm"]},
-                        environment=ENVIRONMENT, per_example=per_example, norms=norms, in_domain=["hotpot_qa"],
+                        environment=ENVIRONMENT, per_example=per_example, norms=norms, in_domain=in_domain,
                         n_resamples=300, n_permutations=500, **kwargs)
 
 
@@ -195,6 +195,13 @@ def test_trained_retrievers_are_judged_against_the_untrained_encoder(tmp_path):
     assert -entries["dot"]["half_width"] < entries["dot"]["delta"] < 0
     assert "- better: 1 of 4 (musique/cosine)" in report and "- worse: 1 of 4 (musique/qnorm)" in report
     assert "| musique | qnorm | -14.0 [" in report
+    # MuSiQue's training split feeds no training data here: one Holm family over its 4 trained systems
+    assert all(entry["family"] == 4 and entry["p_holm"] >= entry["p_value"] for entry in entries.values())
+    assert entries["cosine"]["p_holm"] < 0.05 and entries["dnorm"]["p_holm"] > 0.05
+    assert "after Holm's adjustment over all 4 such pairs: 1 (musique/cosine)" in report
+    inside = _write(tmp_path / "inside", rows, per_example, in_domain=("musique",))
+    assert not any("p_holm" in entry for entry in json.loads(inside.results_json.read_text())["against_untrained"])
+    assert "| in domain |" in inside.report_md.read_text()
 
 
 def test_without_base_cosine_there_is_no_untrained_section(tmp_path):
