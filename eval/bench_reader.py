@@ -35,11 +35,11 @@ from rag_mag.bench.stats import bootstrap_ci, paired_permutation_test  # noqa: E
 from rag_mag.components.answer_prompt import answer_messages  # noqa: E402
 from rag_mag.metrics.answers import clean_answer, score_answers  # noqa: E402
 from rag_mag.precision import cpu_flags, cpu_kind  # noqa: E402
-from rag_mag.serving import llm_server  # noqa: E402
+from rag_mag.serving import llm_readers, llm_server, llm_settings  # noqa: E402
 
 logger = logging.getLogger("bench_reader")
 CONDITIONS = ("oracle", "retrieved", "closed_book")
-READERS = (llm_server.DEFAULT_SERVED_MODEL_NAME, llm_server.BASE_SERVED_MODEL_NAME)
+READERS = (llm_settings.DEFAULT_SERVED_MODEL_NAME, llm_settings.BASE_SERVED_MODEL_NAME)
 
 
 def passages_for(datasets: list[str], questions: int, top_k: int) -> dict[str, dict]:
@@ -151,8 +151,8 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     started = time.monotonic()
-    folders = llm_server.prepare_readers()
-    tokenizer = AutoTokenizer.from_pretrained(folders[llm_server.BASE_SERVED_MODEL_NAME])
+    folders = llm_readers.prepare_readers()
+    tokenizer = AutoTokenizer.from_pretrained(folders[llm_settings.BASE_SERVED_MODEL_NAME])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prepared = passages_for(args.datasets, args.questions, args.top_k)
@@ -166,8 +166,8 @@ def main() -> int:
     results = {"command": "python eval/bench_reader.py " + " ".join(sys.argv[1:]), "commit": commit.stdout.strip(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(),
                "cpu_kind": cpu_kind(cpu_flags()), "questions": args.questions, "top_k": args.top_k,
-               "readers": {llm_server.DEFAULT_SERVED_MODEL_NAME: verify_adapter(shipped_reader_adapter()),
-                           llm_server.BASE_SERVED_MODEL_NAME: "untrained"},
+               "readers": {llm_settings.DEFAULT_SERVED_MODEL_NAME: verify_adapter(shipped_reader_adapter()),
+                           llm_settings.BASE_SERVED_MODEL_NAME: "untrained"},
                "wall_seconds": time.monotonic() - started, "cells": cells}
     durable.write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
     durable.write_text(out / "report.md", markdown(results))

@@ -399,7 +399,7 @@ class BenchRunner:
     def reader_identity(self, base: bool = False) -> dict[str, str]:
         """The reader that answers a row: its name and, for a packaged reader, its checksum (a retrained reader
         changes every cell's key)."""
-        from rag_mag.serving.llm_server import reader_checksum
+        from rag_mag.serving.llm_readers import reader_checksum
 
         name = self.config.base_reader if base else self.config.reader
         if name not in self._reader_checksums:  # read once per run: the adapter's sha256 is a file's hash

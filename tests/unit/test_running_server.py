@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rag_mag.errors import ServerNotRunningError
-from rag_mag.serving import llm_server
+from rag_mag.serving import llm_records, llm_server
 
 URL = "http://127.0.0.1:8123/v1"
 
@@ -23,8 +23,8 @@ def calls(monkeypatch):
 
     def start_server(model=None, *, host="127.0.0.1", port, **kwargs):
         calls["start"].append((host, port) if model is None else (model, host, port))
-        return llm_server.ServerRecord(pid=1, host=host, port=port, model="m", served_model_name="model",
-                                       log_path="log", started_at=0.0)
+        return llm_records.ServerRecord(pid=1, host=host, port=port, model="m", served_model_name="model",
+                                        log_path="log", started_at=0.0)
 
     monkeypatch.setattr(llm_server, "check_server", check_server)
     monkeypatch.setattr(llm_server, "start_server", start_server)

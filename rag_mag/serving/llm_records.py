@@ -1,0 +1,133 @@
+"""The pid files of detached vLLM servers and the checks behind `status`: records, live processes, ports, logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rag_mag import durable
+from rag_mag.serving.llm_settings import DEFAULT_HOST, DEFAULT_PORT, SERVER_MODULE, api_base_url_for, state_dir
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """What the pid file of a server started by rag-mag holds."""
+
+    pid: int
+    host: str
+    port: int
+    model: str
+    served_model_name: str
+    log_path: str
+    started_at: float
+
+    @property
+    def api_base_url(self) -> str:
+        return api_base_url_for(self.host, self.port)
+
+
+def pid_path(port: int) -> Path:
+    return state_dir() / f"server-{port}.json"
+
+
+def log_path(port: int) -> Path:
+    return state_dir() / f"server-{port}.log"
+
+
+def write_record(record: ServerRecord) -> None:
+    path = pid_path(record.port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    durable.write_text(path, json.dumps(asdict(record), indent=2) + "\n")
+
+
+def read_record(port: int) -> ServerRecord | None:
+    """The pid file of the server on ``port``, or None if there is none; an unreadable one is removed."""
+    path = pid_path(port)
+    try:
+        return ServerRecord(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError) as error:
+        logger.warning("removing unreadable pid file %s (%s)", path, error)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def remove_record(port: int) -> None:
+    pid_path(port).unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as dead; a zombie child of ours is reaped)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: its parent reaps it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by someone else
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.exists():
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False  # vanished while reading
+    return True
+
+
+def is_vllm_process(pid: int) -> bool:
+    """Guards against a recycled pid: the command line must be the vLLM server's (assumed where /proc lacks)."""
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if not Path("/proc/self/cmdline").exists():
+        return True
+    try:
+        return SERVER_MODULE in cmdline.read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def server_status(port: int = DEFAULT_PORT) -> ServerRecord | None:
+    """The record of the rag-mag vLLM server on ``port`` if its process runs; a stale pid file is removed."""
+    record = read_record(port)
+    if record is None:
+        return None
+    if process_alive(record.pid) and is_vllm_process(record.pid):
+        return record
+    logger.info("removing stale pid file %s (process %d is gone)", pid_path(port), record.pid)
+    remove_record(port)
+    return None
+
+
+def port_in_use(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def find_free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path | str, lines: int = 30) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log file)"
+    return "\n".join(text.splitlines()[-lines:])
