@@ -35,7 +35,8 @@ import torch
 from rag_mag import durable
 from rag_mag.bench.config import fingerprint
 from rag_mag.bench.crossover_report import selected_point
-from rag_mag.bench.datasets import EvalDataset, data_root, load_registry
+from rag_mag.bench.dataset_specs import load_registry
+from rag_mag.bench.datasets import EvalDataset, data_root
 from rag_mag.data import iter_jsonl, read_corpus, read_eval, read_triples, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError
 from rag_mag.metrics.retrieval import score_retrieval

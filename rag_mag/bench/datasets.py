@@ -1,8 +1,11 @@
-"""Named evaluation datasets: a registry (``data/datasets.yaml``), loaded through ``datasets``.
+"""Named evaluation datasets loaded through ``datasets``: ``EvalDataset`` and ``load_eval_dataset``.
 
 Public API::
 
-    registry = load_registry()                        # name -> DatasetSpec
+    from rag_mag.bench.dataset_specs import load_registry, parse_dataset_arg
+    from rag_mag.bench.datasets import load_eval_dataset
+
+    registry = load_registry()                        # name -> DatasetSpec (the registry, data/datasets.yaml)
     spec = parse_dataset_arg("hotpot_qa")             # a registered name ...
     spec = parse_dataset_arg("mine=q.jsonl,c.jsonl")  # ... or NAME=EVAL[,CORPUS] in the unified schema
     dataset = load_eval_dataset(spec, limit=500)      # EvalDataset: records, corpus, judge()
@@ -18,23 +21,24 @@ Relevance, per question: a question whose contexts name supporting passages is j
 supporting-passage recall; one without (TriviaQA and NQ contexts carry ``has_answer``, 2Wiki has
 answers only) by answer recall, see ``rag_mag.metrics.retrieval``. A registry entry may force
 ``relevance: answer`` or ``supporting``.
+
+Rows become records in ``dataset_rows``, corpus files passages in ``dataset_corpus``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import yaml
 
-from rag_mag.data import Context, EvalRecord, Passage, iter_jsonl
+from rag_mag.bench.dataset_corpus import corpus_from_contexts, load_corpus
+from rag_mag.bench.dataset_rows import line_of, parse_records, rows_from_hub, rows_from_json
+from rag_mag.bench.dataset_specs import DatasetSpec, parse_dataset_arg
+from rag_mag.data import EvalRecord, Passage
 from rag_mag.errors import ConfigError, DataError
 from rag_mag.metrics.answers import contains_answer
 from rag_mag.metrics.retrieval import Judgement, judge_answers, judge_supporting
@@ -42,10 +46,7 @@ from rag_mag.models import REPO_ROOT
 
 logger = logging.getLogger(__name__)
 
-REGISTRY_PATH = REPO_ROOT / "data" / "datasets.yaml"
 SOURCES = ("auto", "local", "hub")
-RELEVANCE = ("auto", "supporting", "answer")
-CONTEXT_FORMATS = ("list", "columnar")
 
 
 def data_root(explicit: str | os.PathLike | None = None) -> Path | None:
@@ -56,140 +57,6 @@ def data_root(explicit: str | os.PathLike | None = None) -> Path | None:
         return Path(os.environ["RAG_MAG_DATA_ROOT"]).expanduser().resolve()
     shared = REPO_ROOT.parent / "shared" / "data"
     return shared.resolve() if shared.is_dir() else None
-
-
-# ------------------------------------------------------------------------------ specs
-@dataclass(frozen=True)
-class ContextFormat:
-    """Where a row keeps its passages. ``list``: a list of objects; ``columnar``: ``{title: [...],
-    text: [[sentence, ...], ...]}`` (or ``[[title, [sentences]], ...]``) with supporting *titles*."""
-
-    format: str = "list"
-    field: str = "contexts"
-    id: str | None = "id"              # None: id = name + md5(title, text), as in shared/data
-    title: str = "title"
-    text: str = "text"
-    supporting: str | None = "is_supporting"
-    joiner: str = " "                  # columnar: how sentences join into a passage
-
-
-@dataclass(frozen=True)
-class FieldMap:
-    """How a row becomes an ``EvalRecord``: dotted column names; all ``answers`` columns are pooled."""
-
-    id: str | None = "id"
-    question: str = "question"
-    answers: tuple[str, ...] = ("answers", "answer", "golden_answers")
-    contexts: ContextFormat | None = field(default_factory=ContextFormat)
-
-
-@dataclass(frozen=True)
-class LocalSource:
-    eval: str
-    corpus: str | None = None
-    root: str = "data"                 # "data": relative to the data root; "repo": to this repository;
-                                       # "cwd": the working directory, then the data root (NAME=PATH)
-    fields: FieldMap = field(default_factory=FieldMap)
-
-
-@dataclass(frozen=True)
-class HubSource:
-    path: str
-    split: str
-    name: str | None = None
-    revision: str | None = None
-    fields: FieldMap = field(default_factory=FieldMap)
-    corpus: str | None = None          # "contexts": the union of the questions' passages
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    name: str
-    description: str = ""
-    relevance: str = "auto"
-    local: LocalSource | None = None
-    hub: HubSource | None = None
-
-
-_NESTED: dict[type, dict[str, type]] = {
-    DatasetSpec: {"local": LocalSource, "hub": HubSource},
-    LocalSource: {"fields": FieldMap},
-    HubSource: {"fields": FieldMap},
-    FieldMap: {"contexts": ContextFormat},
-}
-
-
-def _build(kind: type, values: Any, where: str) -> Any:
-    """A spec dataclass from a YAML mapping: unknown keys are errors, nested specs are built too."""
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
-    allowed = set(kind.__dataclass_fields__)
-    unknown = set(values) - allowed
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                          f"allowed: {', '.join(sorted(allowed))}")
-    values = dict(values)
-    for key, nested_kind in _NESTED.get(kind, {}).items():
-        if values.get(key) is not None:
-            values[key] = _build(nested_kind, values[key], f"{where}.{key}")
-    if isinstance(values.get("answers"), str):
-        values["answers"] = (values["answers"],)
-    elif isinstance(values.get("answers"), list):
-        values["answers"] = tuple(values["answers"])
-    return kind(**values)
-
-
-def spec_from_mapping(name: str, values: Mapping, where: str = "") -> DatasetSpec:
-    """One registry entry -> ``DatasetSpec`` (validated; messages name the entry and key)."""
-    where = where or f"dataset {name!r}"
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where}: expected a mapping of settings, got {type(values).__name__}")
-    spec = _build(DatasetSpec, {"name": name, **values}, where)
-    if spec.relevance not in RELEVANCE:
-        raise ConfigError(f"{where}: relevance {spec.relevance!r} is not one of {', '.join(RELEVANCE)}")
-    if spec.local and spec.local.root not in ("data", "repo"):
-        raise ConfigError(f"{where}: local.root {spec.local.root!r} must be 'data' or 'repo'")
-    for source in (spec.local, spec.hub):
-        contexts = source.fields.contexts if source else None
-        if contexts is not None and contexts.format not in CONTEXT_FORMATS:
-            raise ConfigError(f"{where}: contexts format {contexts.format!r} is not one of "
-                              f"{', '.join(CONTEXT_FORMATS)}")
-    if spec.hub and spec.hub.corpus not in (None, "contexts"):
-        raise ConfigError(f"{where}: hub.corpus must be 'contexts' or absent, got {spec.hub.corpus!r}")
-    if spec.local is None and spec.hub is None:
-        raise ConfigError(f"{where}: give a 'local' or a 'hub' source")
-    return spec
-
-
-def load_registry(path: str | os.PathLike | None = None) -> dict[str, DatasetSpec]:
-    """Read ``data/datasets.yaml`` (or ``path``) into ``name -> DatasetSpec``."""
-    path = Path(path) if path else REGISTRY_PATH
-    if not path.is_file():
-        raise ConfigError(f"dataset registry {path} does not exist; restore data/datasets.yaml from git")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"dataset registry {path} is not valid YAML: {error}") from None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"dataset registry {path} must map dataset names to entries")
-    return {str(name): spec_from_mapping(str(name), values, f"{path}: {name}") for name, values in raw.items()}
-
-
-def parse_dataset_arg(text: str, registry: Mapping[str, DatasetSpec] | None = None) -> DatasetSpec:
-    """``NAME`` (registered) or ``NAME=EVAL.jsonl[,CORPUS.jsonl]`` (any file in the unified schema)."""
-    text = text.strip()
-    if "=" not in text:
-        registry = load_registry() if registry is None else registry
-        if text not in registry:
-            raise ConfigError(f"unknown dataset {text!r}; registered datasets are: {', '.join(sorted(registry))}. "
-                              "Other files in the unified schema can be given as NAME=EVAL.jsonl[,CORPUS.jsonl]")
-        return registry[text]
-    name, _, paths = text.partition("=")
-    parts = [part.strip() for part in paths.split(",")]
-    if not name.strip() or not parts[0] or len(parts) > 2:
-        raise ConfigError(f"cannot read dataset argument {text!r}; the form is NAME=EVAL.jsonl[,CORPUS.jsonl]")
-    local = LocalSource(eval=parts[0], corpus=parts[1] if len(parts) == 2 and parts[1] else None, root="cwd")
-    return DatasetSpec(name=name.strip(), description=f"user files {paths}", local=local)
 
 
 # ------------------------------------------------------------------------------ the loaded dataset
@@ -277,8 +144,9 @@ def load_eval_dataset(spec: str | DatasetSpec, data_root_dir: str | os.PathLike 
         if spec.local is None:
             raise ConfigError(f"dataset {spec.name!r} has no local files in the registry; use source='hub'")
         eval_path = _resolve(spec.local.eval, spec.local.root, root, spec.name)
-        rows = _rows_from_json(eval_path, cache_dir)
-        records = _records(spec, rows, spec.local.fields, limit, where=lambda i: f"{eval_path}:{_line(eval_path, i)}")
+        rows = rows_from_json(eval_path, cache_dir)
+        records = parse_records(spec, rows, spec.local.fields, limit,
+                                where=lambda i: f"{eval_path}:{line_of(eval_path, i)}")
         corpus_file = corpus or spec.local.corpus
         origin = f"local {eval_path}"
     else:
@@ -286,17 +154,17 @@ def load_eval_dataset(spec: str | DatasetSpec, data_root_dir: str | os.PathLike 
             raise ConfigError(f"dataset {spec.name!r} has no hub id in the registry; use its local files "
                               "(set RAG_MAG_DATA_ROOT) or source='local'")
         hub = spec.hub
-        rows = _rows_from_hub(hub, cache_dir)
-        records = _records(spec, rows, hub.fields, limit, where=lambda i: f"{hub.path} [{hub.split}] row {i}")
+        rows = rows_from_hub(hub, cache_dir)
+        records = parse_records(spec, rows, hub.fields, limit, where=lambda i: f"{hub.path} [{hub.split}] row {i}")
         corpus_file = corpus or (spec.local.corpus if spec.local and hub.corpus is None else None)
         origin = f"hub {hub.path}" + (f"/{hub.name}" if hub.name else "") + f" [{hub.split}]"
     if corpus_file:
         root_kind = "cwd" if corpus else (spec.local.root if spec.local else "data")
         corpus_path = _resolve(corpus_file, root_kind, root, spec.name)
-        passages = _read_corpus(corpus_path, cache_dir)
+        passages = load_corpus(corpus_path, cache_dir)
         origin += f" + corpus {corpus_path}"
     else:
-        passages = _corpus_from_contexts(records)
+        passages = corpus_from_contexts(records)
         if not passages:
             raise DataError(f"dataset {spec.name!r} has no corpus file and its questions carry no passages; "
                             "give a corpus as NAME=EVAL.jsonl,CORPUS.jsonl")
@@ -337,152 +205,6 @@ def _resolve(path: str | os.PathLike, root_kind: str, root: Path | None, name: s
                     "check the path or RAG_MAG_DATA_ROOT")
 
 
-def _rows_from_json(path: Path, cache_dir: str | os.PathLike | None):
-    import datasets
-
-    try:
-        return datasets.load_dataset("json", data_files=str(path), split="train",
-                                     cache_dir=str(cache_dir) if cache_dir else None)
-    except datasets.exceptions.DatasetGenerationError as error:
-        for _ in iter_jsonl(path):  # raises DataError naming the first bad line
-            pass
-        cause = error.__cause__ or error
-        raise DataError(f"{path}: the datasets library cannot read it ({cause}); make every line a JSON object "
-                        "whose fields keep one type throughout the file") from None
-
-
-def _rows_from_hub(hub: HubSource, cache_dir: str | os.PathLike | None):
-    import datasets
-
-    try:
-        return datasets.load_dataset(hub.path, hub.name, split=hub.split, revision=hub.revision,
-                                     cache_dir=str(cache_dir) if cache_dir else None)
-    except Exception as error:  # datasets raises many types (connection, offline mode, missing config)
-        raise DataError(f"cannot load {hub.path} ({hub.name or 'default'}, split {hub.split}) from the hub: "
-                        f"{type(error).__name__}: {error}. Without a hub, use the local files (source='local', "
-                        "RAG_MAG_DATA_ROOT)") from error
-
-
-def _line(path: Path, row_index: int) -> int:
-    """Line number of the ``row_index``-th record (blank lines are skipped by both readers)."""
-    for index, (number, _) in enumerate(iter_jsonl(path)):
-        if index == row_index:
-            return number
-    return row_index + 1
-
-
-def _get(row: Mapping, dotted: str) -> Any:
-    value: Any = row
-    for part in dotted.split("."):
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return value
-
-
-def _passage_id(prefix: str, title: str, text: str) -> str:
-    digest = hashlib.md5((title + "\n" + text).encode("utf-8")).hexdigest()
-    return f"{prefix}_{digest[:12]}"
-
-
-def _contexts(row: Mapping, fmt: ContextFormat, prefix: str) -> tuple[Context, ...]:
-    value = _get(row, fmt.field)
-    if not value:
-        return ()
-    if fmt.format == "list":
-        if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
-            raise ValueError(f"field {fmt.field!r} must be a list of objects")
-        items = [(item.get(fmt.id) if fmt.id else None, str(item.get(fmt.title) or ""), item.get(fmt.text),
-                  bool(item.get(fmt.supporting)) if fmt.supporting else False) for item in value]
-    else:
-        if isinstance(value, list):  # original HotpotQA / 2Wiki JSON: [[title, [sentences]], ...]
-            titles, texts = [pair[0] for pair in value], [pair[1] for pair in value]
-        else:
-            titles, texts = value.get(fmt.title) or [], value.get(fmt.text) or []
-        supporting = _get(row, fmt.supporting) if fmt.supporting else None
-        if supporting is None and fmt.supporting and isinstance(_get(row, fmt.supporting.split(".")[0]), list):
-            supporting = [pair[0] for pair in _get(row, fmt.supporting.split(".")[0])]
-        gold = set(supporting or [])
-        items = [(None, str(title), fmt.joiner.join(text) if isinstance(text, list) else text, title in gold)
-                 for title, text in zip(titles, texts, strict=True)]
-    contexts = []
-    for passage_id, title, text, is_supporting in items:
-        if not isinstance(text, str):
-            raise ValueError(f"a passage of {fmt.field!r} has no text ({fmt.text!r})")
-        text = re.sub(r"\s+", " ", text).strip()
-        contexts.append(Context(id=str(passage_id) if passage_id is not None else _passage_id(prefix, title, text),
-                                title=title, text=text, is_supporting=is_supporting))
-    return tuple(contexts)
-
-
-def _answers(row: Mapping, columns: Sequence[str]) -> tuple[str, ...]:
-    answers: list[str] = []
-    for column in columns:
-        value = _get(row, column)
-        for answer in value if isinstance(value, list) else [value] if value is not None else []:
-            if not isinstance(answer, (str, int, float)):
-                raise ValueError(f"answers in {column!r} must be strings, got {type(answer).__name__}")
-            if str(answer).strip() and str(answer) not in answers:
-                answers.append(str(answer))
-    return tuple(answers)
-
-
-def _records(spec: DatasetSpec, rows, fields: FieldMap, limit: int | None, where) -> list[EvalRecord]:
-    records, seen = [], set()
-    for index, row in enumerate(rows):
-        if limit is not None and len(records) >= limit:
-            break
-        try:
-            question = _get(row, fields.question)
-            if not isinstance(question, str) or not question.strip():
-                raise ValueError(f"missing or empty question ({fields.question!r})")
-            answers = _answers(row, fields.answers)
-            if not answers:
-                raise ValueError(f"no gold answer (looked at {', '.join(repr(c) for c in fields.answers)})")
-            record_id = _get(row, fields.id) if fields.id else None
-            record_id = str(index + 1) if record_id is None else str(record_id)
-            if record_id in seen:
-                raise ValueError(f"duplicate question id {record_id!r}")
-            contexts = _contexts(row, fields.contexts, spec.name) if fields.contexts else ()
-        except (ValueError, TypeError, IndexError) as error:
-            raise DataError(f"{where(index)}: {error}") from None
-        seen.add(record_id)
-        records.append(EvalRecord(id=record_id, question=question, answers=answers, contexts=contexts))
-    if not records:
-        raise DataError(f"dataset {spec.name!r} holds no questions")
-    return records
-
-
-def _read_corpus(path: Path, cache_dir: str | os.PathLike | None) -> list[Passage]:
-    table = _rows_from_json(path, cache_dir)
-    columns = set(table.column_names)
-    text_column = "text" if "text" in columns else "contents" if "contents" in columns else None
-    if "id" not in columns or text_column is None:
-        raise DataError(f"{path}: a corpus needs 'id' and 'text' fields, found {', '.join(sorted(columns))}")
-    ids, texts = table["id"], table[text_column]
-    titles = table["title"] if "title" in columns else [""] * len(ids)
-    passages, seen = [], set()
-    for index, (passage_id, title, text) in enumerate(zip(ids, titles, texts, strict=True)):
-        if passage_id is None or not isinstance(text, str):
-            raise DataError(f"{path}:{_line(path, index)}: a passage needs an id and a text string")
-        passage_id = str(passage_id)
-        if passage_id in seen:
-            raise DataError(f"{path}:{_line(path, index)}: duplicate passage id {passage_id!r}; ids must be unique")
-        seen.add(passage_id)
-        passages.append(Passage(id=passage_id, title=str(title or ""), text=text))
-    if not passages:
-        raise DataError(f"corpus {path} holds no passages")
-    return passages
-
-
-def _corpus_from_contexts(records: Sequence[EvalRecord]) -> list[Passage]:
-    passages: dict[str, Passage] = {}
-    for record in records:
-        for context in record.contexts:
-            passages.setdefault(context.id, Passage(id=context.id, title=context.title, text=context.text))
-    return list(passages.values())
-
-
 def _check_relevance(dataset: EvalDataset) -> None:
     corpus_ids = {passage.id for passage in dataset.corpus}
     if dataset.relevance == "supporting":
@@ -496,10 +218,3 @@ def _check_relevance(dataset: EvalDataset) -> None:
     if missing:
         logger.warning("dataset %s: %d supporting passages are not in its corpus; those questions cannot reach "
                        "full recall", dataset.name, missing)
-
-
-def with_corpus(spec: DatasetSpec, corpus: str) -> DatasetSpec:
-    """The same questions searched in another corpus (for example the pooled wiki_pool corpus)."""
-    if spec.local is None:
-        raise ConfigError(f"dataset {spec.name!r} has no local files to pair with corpus {corpus}")
-    return replace(spec, local=replace(spec.local, corpus=corpus))

@@ -40,7 +40,8 @@ from rag_mag.bench.config import (
     resolve_path,
     system_name,
 )
-from rag_mag.bench.datasets import EvalDataset, data_root, load_eval_dataset, parse_dataset_arg
+from rag_mag.bench.dataset_specs import parse_dataset_arg
+from rag_mag.bench.datasets import EvalDataset, data_root, load_eval_dataset
 from rag_mag.bench.generation import CellFailed, resolve_pipeline
 from rag_mag.data import read_triples, write_jsonl
 from rag_mag.errors import ConfigError

@@ -8,15 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rag_mag.bench.datasets import (
-    DatasetSpec,
-    data_root,
-    load_eval_dataset,
-    load_registry,
-    parse_dataset_arg,
-    spec_from_mapping,
-    with_corpus,
-)
+from rag_mag.bench.dataset_specs import DatasetSpec, load_registry, parse_dataset_arg, spec_from_mapping, with_corpus
+from rag_mag.bench.datasets import data_root, load_eval_dataset
 from rag_mag.data import EvalRecord, Passage
 from rag_mag.errors import ConfigError, DataError
 
