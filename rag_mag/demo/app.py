@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,28 @@ def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
 
     ``allowed_hosts``: the names the demo answers to in Host and Origin headers (``*``: any).
     """
+    # No /docs: Swagger UI loads from a CDN, which this demo must not need. The schema is at /openapi.json.
+    app = FastAPI(title="rag-mag demo", lifespan=_lifespan(service), docs_url=None, redoc_url=None)
+    app.state.service = service
+    app.add_middleware(HostGuard, allowed_hosts=list(allowed_hosts))
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.exception_handler(RagMagError)
+    async def on_rag_mag_error(request: Request, error: RagMagError) -> JSONResponse:
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def on_error(request: Request, error: Exception) -> JSONResponse:
+        return error_response(error)
+
+    _add_page_routes(app, service)
+    _add_ask_routes(app, service, max_body_bytes)
+    _add_openai_routes(app, service, max_body_bytes)
+    return app
+
+
+def _lifespan(service: DemoService) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start: the thread pool for blocking pipeline steps. End: close every index's pipeline, then the pool."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -128,19 +150,11 @@ def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
                 await loaded.pipeline.close_async()
             executor.shutdown(wait=False, cancel_futures=True)
 
-    # No /docs: Swagger UI loads from a CDN, which this demo must not need. The schema is at /openapi.json.
-    app = FastAPI(title="rag-mag demo", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.service = service
-    app.add_middleware(HostGuard, allowed_hosts=list(allowed_hosts))
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return lifespan
 
-    @app.exception_handler(RagMagError)
-    async def on_rag_mag_error(request: Request, error: RagMagError) -> JSONResponse:
-        return error_response(error)
 
-    @app.exception_handler(Exception)
-    async def on_error(request: Request, error: Exception) -> JSONResponse:
-        return error_response(error)
+def _add_page_routes(app: FastAPI, service: DemoService) -> None:
+    """GET /, /health and /api/indexes."""
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
@@ -163,6 +177,10 @@ def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
         return {"indexes": service.index_info(), "default": service.default_index,
                 "max_question_chars": MAX_QUESTION_CHARS, "max_top_k": service.max_top_k}
 
+
+def _add_ask_routes(app: FastAPI, service: DemoService, max_body_bytes: int) -> None:
+    """POST /api/ask and /api/ask/stream (server-sent events)."""
+
     @app.post("/api/ask")
     async def ask(request: Request) -> dict[str, Any]:
         body = await json_body(request, max_body_bytes)
@@ -173,6 +191,10 @@ def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
         body = await json_body(request, max_body_bytes)
         events = await primed(service.stream(body.get("question"), body.get("index"), body.get("top_k")))
         return StreamingResponse(event_lines(events), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _add_openai_routes(app: FastAPI, service: DemoService, max_body_bytes: int) -> None:
+    """GET /v1/models and POST /v1/chat/completions (OpenAI's shapes; stream: true for SSE chunks)."""
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -197,5 +219,3 @@ def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
         include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
         return StreamingResponse(chunk_lines(events, model, include_usage), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
-
-    return app
