@@ -49,14 +49,14 @@ def _run_workers(args: argparse.Namespace, runner) -> None:
 
     from rag_mag.errors import RagMagError
 
-    runner.work.mkdir(parents=True, exist_ok=True)
+    runner.store.work.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "rag_mag.cli.main", "crossover", args.config, "--time-budget",
                str(args.time_budget)] + (["--output-dir", args.output_dir] if args.output_dir else []) \
         + (["--only", *args.only] if args.only else []) \
         + (["--rebuild", "--rebuild-tolerance", str(args.rebuild_tolerance)] if args.rebuild else [])
     workers = []
     for index in range(args.workers):
-        log = runner.work / f"worker-{index}.log"
+        log = runner.store.work / f"worker-{index}.log"
         with log.open("a") as handle:
             workers.append(subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT))
         logger.info("worker %d (pid %d): log %s", index, workers[-1].pid, log)
@@ -67,11 +67,12 @@ def _run_workers(args: argparse.Namespace, runner) -> None:
             worker.terminate()
         raise
     if any(codes):
-        raise RagMagError(f"crossover workers exited with {codes}; see {runner.work}/worker-*.log")
+        raise RagMagError(f"crossover workers exited with {codes}; see {runner.store.work}/worker-*.log")
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.bench.crossover import CrossoverRunner, load_crossover_config
+    from rag_mag.bench.crossover import CrossoverRunner
+    from rag_mag.bench.crossover_config import load_crossover_config
     from rag_mag.bench.crossover_report import write
     from rag_mag.errors import ConfigError
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from rag_mag.bench.config import BenchConfig, load_bench_config, resolve_path
-from rag_mag.bench.crossover import CrossoverConfig, CrossoverRunner, load_crossover_config
+from rag_mag.bench.crossover_config import CrossoverConfig, load_crossover_config
 from rag_mag.bench.dataset_specs import load_registry, parse_dataset_arg
 from rag_mag.bench.datasets import data_root
 from rag_mag.models import REPO_ROOT
@@ -158,9 +158,8 @@ def test_crossover_runs_are_valid_training_runs(tmp_path):
     config = load("crossover.yaml")
     specs = config.run_specs()
     assert len({spec.label for spec in specs}) == len(specs)
-    runner = CrossoverRunner(config, str(CONFIGS / "crossover.yaml"))
     for spec in specs:
-        assert isinstance(runner._train_config(spec, Path(config.train_data), tmp_path / spec.label), TrainConfig)
+        assert isinstance(config.train_config(spec, Path(config.train_data), tmp_path / spec.label), TrainConfig)
     groups = {spec.group for spec in specs}
     assert set(config.test_last_only) <= set(config.test_groups) <= groups
     assert set(config.tuned) <= {field.name for field in fields(TrainConfig)}

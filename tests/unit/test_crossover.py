@@ -13,8 +13,12 @@ import torch
 
 from rag_mag import precision as precision_module
 from rag_mag.bench import crossover as crossover_module
-from rag_mag.bench.crossover import CrossoverConfig, CrossoverRunner, RunSpec
+from rag_mag.bench import crossover_measure, crossover_store
+from rag_mag.bench.crossover import CrossoverRunner
+from rag_mag.bench.crossover_config import CrossoverConfig, RunSpec
+from rag_mag.bench.crossover_measure import CheckpointMeter
 from rag_mag.bench.crossover_report import write
+from rag_mag.bench.crossover_tuning import with_tuned
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import Context, EvalRecord, Passage, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError
@@ -38,7 +42,7 @@ def triple(i: int, source: str) -> dict:
 def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(MagnitudeEncoder, "build",
                         classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tmp_path / "tok", strategy)))
-    monkeypatch.setattr(crossover_module, "artifacts_dir", lambda: tmp_path / "artifacts")
+    monkeypatch.setattr(crossover_store, "artifacts_dir", lambda: tmp_path / "artifacts")
     rows = [json.dumps(triple(i, "gold" if i % 2 else "mined")) + "\n" for i in range(24)]
     with gzip.open(tmp_path / "train.jsonl.gz", "wt") as handle:   # gzipped, as the committed build is
         handle.writelines(rows)
@@ -175,14 +179,14 @@ def test_an_interrupt_inside_a_checkpoints_measurement_loses_no_point(study, tmp
     straight = CrossoverRunner(config, "c.yaml").run()["cells"][0]
     shutil.rmtree(tmp_path / "artifacts")
     shutil.rmtree(tmp_path / "report")
-    test_point, interrupt = CrossoverRunner._test_point, [True]
+    test_point, interrupt = CheckpointMeter.test_point, [True]
 
     def interrupted(self, step, *args):
         if step == 2 and interrupt and interrupt.pop():
             raise KeyboardInterrupt
         return test_point(self, step, *args)
 
-    monkeypatch.setattr(CrossoverRunner, "_test_point", interrupted)
+    monkeypatch.setattr(CheckpointMeter, "test_point", interrupted)
     with pytest.raises(KeyboardInterrupt):
         CrossoverRunner(config, "c.yaml").run()
     cell = CrossoverRunner(config, "c.yaml").run()["cells"][0]
@@ -311,7 +315,7 @@ def test_the_selection_rule_is_part_of_a_main_runs_key_only(study):
                                                    warmup_ratio=0.0, val_max_queries=6, selection="max"))
     runner = CrossoverRunner(config, "c.yaml")
     specs = {spec.label: spec for spec in config.run_specs()}
-    keys = {label: runner._key(spec, runner._train_file(spec)) for label, spec in specs.items()}
+    keys = {label: runner.store.key(spec, runner.store.train_file(spec)) for label, spec in specs.items()}
     before = {cell["label"]: cell["key"] for cell in one_se["cells"]}
     assert keys["main_cosine_s0_2"] != before["main_cosine_s0_2"]
     assert keys["ablation_cosine_s0_2_gold"] == before["ablation_cosine_s0_2_gold"]
@@ -319,8 +323,8 @@ def test_the_selection_rule_is_part_of_a_main_runs_key_only(study):
 
 def test_step_0_is_measured_once_per_starting_encoder(study, monkeypatch):
     calls = []
-    measure = crossover_module.test_ndcg
-    monkeypatch.setattr(crossover_module, "test_ndcg", lambda encoder, dataset, bf16: calls.append(1) or
+    measure = crossover_measure.test_ndcg
+    monkeypatch.setattr(crossover_measure, "test_ndcg", lambda encoder, dataset, bf16: calls.append(1) or
                         measure(encoder, dataset, bf16))
     runs = [{"group": "main", "strategies": ["qnorm"], "steps": 2}, {"group": "main", "strategies": ["qnorm"],
                                                                      "steps": 4}]
@@ -368,7 +372,7 @@ def test_cells_of_an_earlier_recipe_are_neither_reported_nor_used_for_tuning(stu
     assert stale["cells"] == [] and len(stale["pending"]) == 3
     assert "3 finished cells were trained on other data or settings" in caplog.text
     # a main run does not take its learning rate from the old tuning cells: it waits for new ones
-    assert CrossoverRunner(config, "c.yaml")._with_tuned(config.run_specs()[-1], config.run_specs()) is None
+    assert with_tuned(CrossoverRunner(config, "c.yaml").store, config.run_specs()[-1], config.run_specs()) is None
     # without the training data (a fresh clone) the cells cannot be checked and are reported as they are
     train.unlink()
     unchecked = CrossoverRunner(config, "c.yaml").collect()
@@ -392,19 +396,19 @@ def test_a_strategy_with_its_own_tuning_runs_waits_only_for_them(study):
     main_cosine, main_dot = (next(s for s in specs if s.label.startswith(name)) for name in ("main_cosine", "main_dot"))
     runner = CrossoverRunner(config, "c.yaml")
     runner.run(only=[s.label for s in specs if s.label.startswith("tuning_cosine")])
-    tuned = runner._with_tuned(main_cosine, specs)
+    tuned = with_tuned(runner.store, main_cosine, specs)
     assert tuned is not None and tuned.tuned["learning_rate"] in (1e-5, 1e-3)
-    assert runner._with_tuned(main_dot, specs) is None      # no tuning of its own: it waits for all of them
+    assert with_tuned(runner.store, main_dot, specs) is None      # no tuning of its own: it waits for all of them
     runner.run(only=[s.label for s in specs if s.label.startswith("tuning_qnorm")])
-    assert runner._with_tuned(main_dot, specs) is not None
+    assert with_tuned(runner.store, main_dot, specs) is not None
 
 
 def test_a_run_claimed_by_one_worker_is_not_taken_by_another(study):
-    runner = CrossoverRunner(study(), "c.yaml")
-    with runner._claim("k1") as first:
-        with runner._claim("k1") as second, runner._claim("k2") as other:
+    store = CrossoverRunner(study(), "c.yaml").store
+    with store.claim("k1") as first:
+        with store.claim("k1") as second, store.claim("k2") as other:
             assert first and not second and other
-    with runner._claim("k1") as again:
+    with store.claim("k1") as again:
         assert again  # released when the first worker let go (or died)
 
 
@@ -416,7 +420,7 @@ def test_run_labels_name_what_varies():
 
 
 def test_the_shipped_config_loads():
-    from rag_mag.bench.crossover import load_crossover_config
+    from rag_mag.bench.crossover_config import load_crossover_config
     from rag_mag.models import REPO_ROOT
 
     config = load_crossover_config(REPO_ROOT / "eval" / "configs" / "crossover.yaml")
