@@ -45,7 +45,8 @@ from rag_mag import durable  # noqa: E402
 from rag_mag.data import Passage, iter_jsonl, read_triples, write_jsonl  # noqa: E402
 from rag_mag.precision import cpu_kind, use_bf16  # noqa: E402
 from rag_mag.retriever.config import TrainConfig  # noqa: E402
-from rag_mag.retriever.trainer import Trainer, validation_scores  # noqa: E402
+from rag_mag.retriever.trainer import Trainer  # noqa: E402
+from rag_mag.retriever.validation import validation_scores  # noqa: E402
 
 logger = logging.getLogger("bench_recipes")
 

@@ -29,10 +29,12 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "sample" / "train_
 def run_rag_mag(args: argparse.Namespace) -> dict:
     import torch
 
+    from rag_mag.retriever.batches import load_training_data
     from rag_mag.retriever.config import TrainConfig
     from rag_mag.retriever.encoder import MagnitudeEncoder
     from rag_mag.retriever.loss import InfoNCELoss
-    from rag_mag.retriever.trainer import Trainer, make_batch  # noqa: F401  (make_batch is what _step samples with)
+    from rag_mag.retriever.optimizer import build_optimizer
+    from rag_mag.retriever.trainer import Trainer
 
     config = TrainConfig(strategy=args.strategy, train_data=args.data, out="/tmp/bench-training-unused",
                          batch_size=args.batch_size, hard_negatives=1, steps=args.steps + args.warmup,
@@ -40,10 +42,10 @@ def run_rag_mag(args: argparse.Namespace) -> dict:
                          precision="bf16" if args.bf16 else "fp32", val_fraction=0.0, calibrate_norms=False,
                          length_bucket_size=0 if args.system == "rag-mag-unbucketed" else args.bucket_size)
     trainer = Trainer(config)
-    train, _ = trainer._load_data()
+    train, _ = load_training_data(config)
     encoder = MagnitudeEncoder.build(None, config.strategy, "mean", config.query_max_length,
                                      config.document_max_length, config.temperature)
-    optimizer, scheduler = trainer._build_optimizer(encoder)
+    optimizer, scheduler = build_optimizer(encoder, config)
     loss_fn = InfoNCELoss(config.temperature)
     encoder.train()
     times = []
@@ -59,13 +61,13 @@ def run_sentence_transformers(args: argparse.Namespace) -> dict:
     from sentence_transformers import SentenceTransformer, losses, util
 
     from rag_mag.models import default_retriever_base
+    from rag_mag.retriever.batches import load_training_data, make_batch
     from rag_mag.retriever.config import TrainConfig
-    from rag_mag.retriever.trainer import Trainer, make_batch
 
     config = TrainConfig(strategy=args.strategy, train_data=args.data, out="/tmp/bench-training-unused",
                          batch_size=args.batch_size, hard_negatives=1, steps=args.steps + args.warmup,
                          val_fraction=0.0)
-    train, _ = Trainer(config)._load_data()
+    train, _ = load_training_data(config)
     model = SentenceTransformer(default_retriever_base(), device="cpu")
     # Drop the Normalize module (magnitude must survive) and use one max length, as ST has only one.
     modules = [module for module in model if type(module).__name__ != "Normalize"]

@@ -39,7 +39,7 @@ from rag_mag import durable  # noqa: E402
 from rag_mag.data import read_triples  # noqa: E402
 from rag_mag.retriever.encoder import MagnitudeEncoder  # noqa: E402
 from rag_mag.retriever.selection import paired_standard_error, within_one_standard_error  # noqa: E402
-from rag_mag.retriever.trainer import validation_scores  # noqa: E402
+from rag_mag.retriever.validation import validation_scores  # noqa: E402
 
 DATA = REPO_ROOT / "data" / "train_default"
 OUT = REPO_ROOT / "eval" / "reports" / "probes"

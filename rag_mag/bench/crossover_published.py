@@ -57,7 +57,7 @@ def measure_published(store: CrossoverStore, spec: RunSpec, run_dir: Path, tests
     """
     from rag_mag.precision import use_bf16
     from rag_mag.retriever.encoder import MagnitudeEncoder
-    from rag_mag.retriever.trainer import validation_scores
+    from rag_mag.retriever.validation import validation_scores
 
     cell = store.cell(spec.label)
     step = cell["selected_step"]

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.faults
 SETTINGS = dict(steps=8, batch_size=8, learning_rate=1e-3, eval_every=0, log_every=1, save_every=4,
                 val_fraction=0.0, warmup_ratio=0.0, calibration_samples=8,
                 precision="fp32")  # exact replay: bf16 kernels differ between thread counts
-# Every point of Trainer._save_last; "moved-aside" exists only on the two-rename fallback of the folder swap.
+# Every point of train_checkpoint.save_last; "moved-aside" exists only on the two-rename fallback of the folder swap.
 PHASES = ["checkpoint:staging", "checkpoint:model", "checkpoint:optimizer", "checkpoint:state", "checkpoint:synced",
           "checkpoint:swapped", "checkpoint:done", "checkpoint:moved-aside"]
 

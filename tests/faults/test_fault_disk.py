@@ -29,6 +29,7 @@ from rag_mag.errors import DiskFullError
 from rag_mag.models import REPO_ROOT
 from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.train_checkpoint import missing_parts
 from rag_mag.retriever.trainer import Trainer
 from rag_mag.retriever.training_data import write_outputs
 from rag_mag.serving.indexing import IndexJob, run_index_job
@@ -177,7 +178,7 @@ def _save_on_a_full_disk(inputs, small_disk, leave: int) -> tuple[Path, str]:
     with pytest.raises(DiskFullError) as refused:
         Trainer(train_config(inputs, out), on_step=hook).train()
     state = json.loads((out / "last" / "trainer_state.json").read_text())
-    assert state["step"] == 4 and not Trainer(train_config(inputs, out))._missing_parts(out / "last")
+    assert state["step"] == 4 and not missing_parts(out / "last")
     assert leftovers(out) == []
     filled[0].unlink()
     result = Trainer(train_config(inputs, out)).train()  # the same command resumes from step 4
@@ -194,7 +195,7 @@ def test_a_checkpoint_save_that_cannot_fit_is_refused_and_last_stays(inputs, sma
 
 def test_a_disk_that_fills_inside_safetensors_ends_in_one_error(inputs, small_disk, tiny_build, monkeypatch,
                                                                 fault_case):
-    monkeypatch.setattr("rag_mag.retriever.trainer.checkpoint_bytes", lambda encoder, optimizer: 0)
+    monkeypatch.setattr("rag_mag.retriever.train_checkpoint.checkpoint_bytes", lambda encoder, optimizer: 0)
     out, message = _save_on_a_full_disk(inputs, small_disk, leave=32 * 1024)
     assert message.startswith(f"the disk filled up while writing the checkpoint {out / 'last'}")
     assert "Safetensor" not in message and "\n" not in message

@@ -8,9 +8,12 @@ import torch
 from rag_mag.data import Passage, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError, DataError, TrainingError
 from rag_mag.retriever import trainer as trainer_module
+from rag_mag.retriever import validation as validation_module
+from rag_mag.retriever.batches import load_training_data
 from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training_log import watch_collapse
 from tests.tiny import capital_triples, tiny_encoder
 
 
@@ -146,7 +149,7 @@ def test_magnitude_collapse_is_reported(setup, caplog):
     encoder = tiny_encoder(trainer.out.parent / "tok2", "qnorm")
     record = {"step": 3, "document_norm_cv": 1e-6, "query_norm_cv": 0.2, "document_cosine": 0.999}
     with caplog.at_level("WARNING"):
-        trainer._watch_collapse(record, encoder)
+        watch_collapse(record, encoder)
     assert "magnitude collapse" in caplog.text and "direction collapse" in caplog.text
 
 
@@ -196,10 +199,10 @@ def test_an_unknown_selection_rule_is_refused():
 
 def test_a_hook_and_the_trainer_validating_the_same_step_share_one_validation(setup, monkeypatch):
     passes = []
-    score = trainer_module.score_retrieval
-    monkeypatch.setattr(trainer_module, "score_retrieval", lambda *a, **k: passes.append(1) or score(*a, **k))
+    score = validation_module.score_retrieval
+    monkeypatch.setattr(validation_module, "score_retrieval", lambda *a, **k: passes.append(1) or score(*a, **k))
     trainer = Trainer(setup())
-    validation = trainer._load_data()[1]
+    validation = load_training_data(trainer.config)[1]
     hooked = {}
     trainer.on_step = lambda step, encoder: hooked.setdefault(step, trainer.validation_scores(encoder, validation)) \
         if step % 6 == 0 else None
@@ -216,12 +219,12 @@ def test_validation_ranks_the_distractors_too(setup):
     """A wider pool (eval/probe_validation.py) can only push the positives down: a passage that repeats the
     query word for word outranks every positive under cosine."""
     trainer = Trainer(setup(strategy="cosine"))
-    validation = trainer._load_data()[1]
+    validation = load_training_data(trainer.config)[1]
     encoder = MagnitudeEncoder.build(None, "cosine")
-    plain, plain_per_query = trainer_module.validation_scores(encoder, validation)
+    plain, plain_per_query = validation_module.validation_scores(encoder, validation)
     assert plain == trainer.validate(encoder, validation)
     echoes = [Passage(id=f"echo{i}", title="", text=triple.query) for i, triple in enumerate(validation)]
-    widened, widened_per_query = trainer_module.validation_scores(encoder, validation, echoes)
+    widened, widened_per_query = validation_module.validation_scores(encoder, validation, echoes)
     assert plain["recall@1"] > 0 and widened["recall@1"] == 0
     assert all(w <= p for w, p in zip(widened_per_query, plain_per_query, strict=True))
     assert widened["ndcg@10"] < plain["ndcg@10"]
