@@ -86,6 +86,10 @@ class Trainer:
         self.group = ProcessGroup()  # the processes of this run, joined in train()
         # the step whose hook or validation is running, or that last/ says did not finish them
         self._unfinished_step: int | None = None
+        # the recipes' starting weights (L2-SP) and frozen starting encoder (distillation), set in train(); None
+        # until then, so that a step runs outside train() too (eval/bench_training.py times _step alone)
+        self._anchor: dict[str, torch.Tensor] | None = None
+        self._teacher: MagnitudeEncoder | None = None
 
     # ---- validation
     def validate(self, encoder: MagnitudeEncoder, validation: list[Triple]) -> dict[str, float]:

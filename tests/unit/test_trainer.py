@@ -12,6 +12,8 @@ from rag_mag.retriever import validation as validation_module
 from rag_mag.retriever.batches import load_training_data
 from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.loss import InfoNCELoss
+from rag_mag.retriever.optimizer import build_optimizer
 from rag_mag.retriever.trainer import Trainer
 from rag_mag.retriever.training_log import watch_collapse
 from tests.tiny import capital_triples, tiny_encoder
@@ -121,6 +123,16 @@ def test_an_interrupt_inside_a_steps_hook_is_finished_on_resume(setup, tmp_path,
     assert [r["step"] for r in logged if "validation" in r] == [0, 6, 12]
     assert resumed.best_metrics["step"] == straight_result.best_metrics["step"]
     assert resumed.best_metrics["ndcg@10"] == pytest.approx(straight_result.best_metrics["ndcg@10"])
+
+
+def test_a_step_runs_outside_train(setup, tmp_path):
+    """eval/bench_training.py times Trainer._step alone, on an encoder and optimizer it built itself."""
+    config = setup(val_fraction=0.0)
+    encoder = tiny_encoder(tmp_path / "tok", "cosine")
+    optimizer, scheduler = build_optimizer(encoder, config)
+    train = load_training_data(config)[0]
+    record = Trainer(config)._step(encoder, InfoNCELoss(config.temperature), optimizer, scheduler, train, 0)
+    assert record["loss"] > 0 and "divergence" not in record
 
 
 def test_resume_refuses_another_strategy(setup):
