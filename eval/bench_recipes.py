@@ -232,39 +232,53 @@ def candidates(cell: dict) -> list[tuple[str, dict]]:
 
 
 def default_recipe(cells: list[dict]) -> list[str]:
-    """The rule that picks the default recipe: among the cosine recipes' points measured on every hold-out, the
-    highest mean held-out gain over the untrained model; ties go to the point nearer the base. The in-domain
-    column is shown, never used."""
+    """The rule that picks the default recipe, over the cosine recipes' points measured on every hold-out:
+
+    1. training must buy something where it trains: the in-domain gain over the untrained model must exceed
+       twice its standard error on every hold-out;
+    2. of those points, the highest mean held-out change wins (what the run costs where it did not train);
+       ties go to the point nearer the base.
+
+    Without 1 the rule would keep the untrained model whenever every recipe costs something held out, which
+    is no fine-tuning recipe at all; both columns are the validation sets', never a test set's."""
     reference = references(cells)
     holdouts = sorted({cell["holdout"] for cell in cells if cell.get("finished")})
-    gains: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+    gains: dict[tuple[str, str], dict[str, tuple[dict, dict]]] = {}
     for cell in cells:
         if not cell.get("finished") or cell["recipe"] not in ("plain", "top2", "l2sp", "distill", "wise"):
             continue
         base = reference.get(cell["holdout"], cell["points"]["0"])
         for label, point in candidates(cell):
-            if label == "alpha 1.0":
-                continue  # plain's last step, already a candidate
-            untrained = label in ("step 0", "alpha 0.0")  # one candidate, whichever recipe measured it
-            key = ("base", "") if untrained else (cell["recipe"], label)
-            gains.setdefault(key, {})[cell["holdout"]] = tuple(
-                paired(point[name]["per_query"], base[name]["per_query"])["delta"]
-                for name in ("held_out", "in_domain"))
+            if label in ("alpha 1.0", "step 0", "alpha 0.0"):
+                continue  # plain's last step (already a candidate), and the untrained model itself
+            gains.setdefault((cell["recipe"], label), {})[cell["holdout"]] = tuple(
+                paired(point[name]["per_query"], base[name]["per_query"]) for name in ("held_out", "in_domain"))
     complete = {key: by for key, by in gains.items() if set(by) == set(holdouts)}
     if not complete:
         return ["- no recipe has finished on every hold-out yet"]
 
-    def nearness(key: tuple[str, str]) -> float:
-        return 0.0 if key[0] == "base" else float(key[1].split()[1]) / (1.0 if key[0] == "wise" else 1000.0)
+    def held_out_mean(by: dict) -> float:
+        return float(np.mean([held["delta"] for held, _ in by.values()]))
 
-    ranked = sorted(complete.items(), key=lambda kv: (-np.mean([v[0] for v in kv[1].values()]), nearness(kv[0])))
-    lines = ["| recipe | point | " + " | ".join(f"{h}: held-out / in-domain" for h in holdouts) + " | mean held-out |",
-             "|---|---|" + "---|" * len(holdouts) + "---|"]
+    def eligible(by: dict) -> bool:
+        return all(inside["delta"] > 2 * inside["se"] for _, inside in by.values())
+
+    def nearness(key: tuple[str, str]) -> float:
+        return float(key[1].split()[1]) / (1.0 if key[0] == "wise" else 1000.0)
+
+    ranked = sorted(complete.items(), key=lambda kv: (not eligible(kv[1]), -held_out_mean(kv[1]), nearness(kv[0])))
+    header = " | ".join(f"{h}: held-out / in-domain" for h in holdouts)
+    lines = [f"| recipe | point | {header} | mean held-out | in-domain gain > 2 SE everywhere |",
+             "|---|---|" + "---|" * len(holdouts) + "---|---|"]
     for (recipe, label), by in ranked:
-        cols = " | ".join(f"{by[h][0]:+.1f} / {by[h][1]:+.1f}" for h in holdouts)
-        lines.append(f"| {recipe} | {label or '-'} | {cols} | {np.mean([v[0] for v in by.values()]):+.2f} |")
-    (recipe, label), _ = ranked[0]
-    return [*lines, "", f"Chosen by the rule: **{recipe} {label}**".rstrip() + "."]
+        cols = " | ".join(f"{by[h][0]['delta']:+.1f} / {by[h][1]['delta']:+.1f} ± {by[h][1]['se']:.1f}"
+                          for h in holdouts)
+        lines.append(f"| {recipe} | {label} | {cols} | {held_out_mean(by):+.2f} | {'yes' if eligible(by) else 'no'} |")
+    (recipe, label), by = ranked[0]
+    verdict = (f"Chosen by the rule: **{recipe} {label}**." if eligible(by) else
+               "No point gains in-domain by more than twice its standard error on every hold-out: the rule keeps "
+               "the untrained model.")
+    return [*lines, "", verdict]
 
 
 def choices(cells: list[dict]) -> list[str]:
