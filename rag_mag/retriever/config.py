@@ -61,6 +61,11 @@ class TrainConfig:
     distill_weight: float = _f(0.0, "keep the base model's rankings: add this weight x the KL divergence from the "
                                      "starting encoder's in-batch score distribution of each query to the trained "
                                      "one's (0: off; it costs one more forward pass a step)")
+    wise_alpha: float = _f(1.0, "WiSE-FT while training: every model the run validates, hands its step hook or "
+                                "saves as best/ is its trained weights interpolated with the starting ones at this "
+                                "weight (1: the trained weights; last/ always keeps them, so training goes on "
+                                "from there). The default recipe's 0.5 was chosen on held-out sources "
+                                "(eval/README.md)")
     length_bucket_size: int = _f(16, "encode each step's texts in length-sorted chunks of this size, each padded "
                                      "to its own longest text (0: one padded batch per side)")
     precision: str = _f("auto", "auto, bf16 or fp32: auto uses bfloat16 autocast only where the hardware computes "
@@ -96,6 +101,8 @@ class TrainConfig:
         if not 0.0 <= self.anchor_weight or self.anchor_weight * self.learning_rate >= 1.0:
             raise ConfigError(f"anchor_weight must be 0 or more and anchor_weight x learning_rate below 1 (a step "
                               f"would overshoot the start), got {self.anchor_weight} at {self.learning_rate}")
+        if not (math.isfinite(self.wise_alpha) and 0.0 < self.wise_alpha <= 1.0):
+            raise ConfigError(f"wise_alpha must be in (0, 1] (1: no interpolation), got {self.wise_alpha}")
         if not (math.isfinite(self.distill_weight) and self.distill_weight >= 0.0):
             raise ConfigError(f"distill_weight must be 0 or more, got {self.distill_weight}")
         for name in ("val_fraction", "warmup_ratio", "weight_decay"):

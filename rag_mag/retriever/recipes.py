@@ -1,9 +1,9 @@
 """Fine-tuning that keeps the base model: train only the top layers, pull every weight back toward its start, or
-distil the starting encoder's rankings.
+distil the starting encoder's rankings, or hand out the trained weights interpolated with the start (WiSE-FT).
 
 They act on the transformer inside a ``MagnitudeEncoder`` and are switched on by ``TrainConfig`` fields
-(``train_layers``, ``anchor_weight``, ``distill_weight``); weight-space interpolation after training is
-``interpolate.py``.
+(``train_layers``, ``anchor_weight``, ``distill_weight``, ``wise_alpha``); the interpolation itself is
+``interpolate.py``, also a command of its own for a finished checkpoint (``rag-mag interpolate``).
 Which of them the default recipe uses is decided on validation from a domain the run did not train on
 (``eval/bench_recipes.py``).
 """
@@ -43,15 +43,19 @@ def freeze_below_top_layers(model: torch.nn.Module, top: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def starting_weights(model: torch.nn.Module, config) -> dict[str, torch.Tensor]:
-    """The base encoder's weights of every trainable parameter: where L2-SP pulls back to. Read from the base
-    model itself, so a resumed run anchors to the same start as the run it continues."""
+def base_transformer(config) -> torch.nn.Module:
+    """The base encoder's transformer, read from the base model itself (what L2-SP and WiSE-FT go back to), so a
+    resumed run goes back to the same start as the run it continues."""
     from transformers import AutoModel
 
     from rag_mag.models import default_retriever_base
 
-    base = AutoModel.from_pretrained(config.base_model or default_retriever_base(), use_safetensors=True)
-    start = dict(base.named_parameters())
+    return AutoModel.from_pretrained(config.base_model or default_retriever_base(), use_safetensors=True)
+
+
+def starting_weights(model: torch.nn.Module, config) -> dict[str, torch.Tensor]:
+    """The base encoder's weights of every trainable parameter: where L2-SP pulls back to."""
+    start = dict(base_transformer(config).named_parameters())
     device = next(model.parameters()).device
     return {name: start[name].detach().to(device) for name, parameter in model.named_parameters()
             if parameter.requires_grad}
@@ -63,6 +67,17 @@ def pull_toward_start(model: torch.nn.Module, start: dict[str, torch.Tensor], fr
     for name, parameter in model.named_parameters():
         if name in start:
             parameter.sub_(fraction * (parameter - start[name]))
+
+
+def wise_view(encoder, base: torch.nn.Module, config):
+    """What a WiSE-FT run (``wise_alpha`` below 1) validates, hands its step hook and saves: its trained weights
+    interpolated with the base's at ``wise_alpha``, recorded in the view's training settings. Training itself
+    goes on from the trained weights (``last/`` keeps them)."""
+    from rag_mag.retriever.interpolate import interpolate
+
+    view = interpolate(encoder, base, config.wise_alpha).to(next(encoder.parameters()).device)
+    view.config.training["wise_ft"] = {"alpha": config.wise_alpha, "base_model": config.base_model or "packaged"}
+    return view
 
 
 def frozen_start(encoder, config):

@@ -39,11 +39,13 @@ from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.loss import InfoNCELoss
 from rag_mag.retriever.optimizer import build_optimizer, resume_schedule
 from rag_mag.retriever.recipes import (
+    base_transformer,
     freeze_below_top_layers,
     frozen_start,
     pull_toward_start,
     ranking_divergence,
     starting_weights,
+    wise_view,
 )
 from rag_mag.retriever.resume import data_fingerprint, should_resume
 from rag_mag.retriever.train_checkpoint import RANK_SEED_STRIDE, load_last, save_last
@@ -90,6 +92,7 @@ class Trainer:
         # until then, so that a step runs outside train() too (eval/bench_training.py times _step alone)
         self._anchor: dict[str, torch.Tensor] | None = None
         self._teacher: MagnitudeEncoder | None = None
+        self._wise_base: torch.nn.Module | None = None  # the base transformer of WiSE-FT (wise_alpha below 1)
 
     # ---- validation
     def validate(self, encoder: MagnitudeEncoder, validation: list[Triple]) -> dict[str, float]:
@@ -124,6 +127,7 @@ class Trainer:
         freeze_below_top_layers(encoder.model, config.train_layers)
         self._anchor = starting_weights(encoder.model, config) if config.anchor_weight else None
         self._teacher = frozen_start(encoder, config).to(self.device) if config.distill_weight else None
+        self._wise_base = base_transformer(config).to(self.device) if config.wise_alpha < 1 else None
         optimizer, scheduler = build_optimizer(encoder, config)
         step, best_metrics = self._resume(optimizer, scheduler) if resuming else (0, {})
         self.step = step
@@ -163,7 +167,7 @@ class Trainer:
             finally:
                 progress.close()  # also on an error: its line would otherwise run into the error's line
         if not validation and main:
-            encoder.save(self.best_dir)  # nothing to select on: the final model is the best we know
+            self._published(encoder).save(self.best_dir)  # nothing to select on: the final model is the best
         self.group.barrier()
         return TrainResult(self.best_dir, self.last_dir, step, best_metrics, history)
 
@@ -203,7 +207,7 @@ class Trainer:
         candidate of one_se), or the measurements of the step an interrupt cut short."""
         main = self.group.is_main
         if self.on_step is not None and main and step == 0:
-            self.on_step(0, encoder)
+            self.on_step(0, self._published(encoder))
         if validation and step == 0 and self.config.selection == "one_se":  # the starting model is a candidate
             if main:
                 best_metrics = self._validate_and_keep_best(encoder, validation, 0, best_metrics, history)
@@ -279,7 +283,7 @@ class Trainer:
         config, main = self.config, self.group.is_main
         self._unfinished_step = step
         if self.on_step is not None and main:
-            self.on_step(step, encoder)
+            self.on_step(step, self._published(encoder))
             encoder.train()
         if record is not None and (step % config.log_every == 0 or step == config.steps):
             self._log(record, history)
@@ -296,14 +300,20 @@ class Trainer:
         return best_metrics
 
     # ---- what a step leaves behind
+    def _published(self, encoder: MagnitudeEncoder) -> MagnitudeEncoder:
+        """The model the run validates, measures and saves: the trained weights, or with WiSE-FT their
+        interpolation with the start."""
+        return encoder if self._wise_base is None else wise_view(encoder, self._wise_base, self.config)
+
     def _validate_and_keep_best(self, encoder, validation, step, best_metrics, history) -> dict:
-        metrics, per_query = self.validation_scores(encoder, validation)
+        model = self._published(encoder)
+        metrics, per_query = self.validation_scores(model, validation)
         encoder.train()
         log = functools.partial(self._log, history=history)
         if self.config.selection == "max":
-            return keep_highest(encoder, step, metrics, best_metrics, self.best_dir, log)
+            return keep_highest(model, step, metrics, best_metrics, self.best_dir, log)
         best_metrics, self.candidates = keep_within_one_standard_error(
-            encoder, step, metrics, per_query, self.candidates, self.best_dir, self.validated_dir, log)
+            model, step, metrics, per_query, self.candidates, self.best_dir, self.validated_dir, log)
         return best_metrics
 
     def _log(self, record: dict, history: list[dict]) -> None:

@@ -96,7 +96,27 @@ def test_distillation_keeps_the_starting_rankings(setup, tmp_path):
     assert kept < 0.5 * free
 
 
+def test_wise_alpha_publishes_the_interpolation_and_trains_on_the_trained_weights(setup, tmp_path):
+    start = tiny_encoder(tmp_path / "tok", "cosine").model.state_dict()
+    handed: dict[int, dict] = {}
+
+    def hook(step, encoder):
+        handed[step] = {name: value.clone() for name, value in encoder.model.state_dict().items()}
+
+    result = Trainer(setup(strategy="cosine", wise_alpha=0.5), on_step=hook).train()
+    best, last = _weights(result.best_dir), _weights(result.last_dir)
+    floats = [name for name in start if start[name].is_floating_point()]
+    assert any(not torch.equal(last[name], start[name]) for name in floats)  # it trained
+    for name in floats:  # best/ (no validation: the final model) is the midpoint; last/ keeps the trained weights
+        assert torch.allclose(best[name], 0.5 * start[name] + 0.5 * last[name], atol=1e-6)
+    assert all(torch.allclose(handed[0][name], start[name]) for name in floats)  # the hook saw the start at step 0
+    assert all(torch.allclose(handed[10][name], best[name], atol=1e-6) for name in floats)
+    assert MagnitudeEncoder.load(result.best_dir).config.training["wise_ft"]["alpha"] == 0.5
+
+
 @pytest.mark.parametrize("field, value, message", [("train_layers", -1, "train_layers"),
+                                                    ("wise_alpha", 0.0, "wise_alpha"),
+                                                    ("wise_alpha", 1.5, "wise_alpha"),
                                                     ("anchor_weight", -1.0, "anchor_weight"),
                                                     ("distill_weight", -0.5, "distill_weight"),
                                                     ("distill_weight", float("nan"), "distill_weight"),
