@@ -91,6 +91,7 @@ def rebuild_checkpoint(store: CrossoverStore, spec: RunSpec, key: str, train_fil
     then it becomes ``best/``, ``rebuilt.json`` records the comparison and ``train_log.jsonl`` the rebuild's
     own training log (to the selected step). Otherwise nothing is published.
     """
+    from rag_mag.precision import resolve_device, use_bf16
     from rag_mag.retriever.trainer import Trainer
 
     cell = store.cell(spec.label)
@@ -102,9 +103,11 @@ def rebuild_checkpoint(store: CrossoverStore, spec: RunSpec, key: str, train_fil
     # emulated bf16 took 2 to 19 times an fp32 step in eval/reports/precision/
     trainer = Trainer(replace(store.config.train_config(spec, train_file, store.work / "rebuilds" / key),
                               precision="auto" if cell.get("bf16") else "fp32"))
-    precision = "bf16" if trainer.bf16 else "fp32"
+    # the trainer decides its precision inside train(); the same rule, decided here for the messages and the record
+    bf16 = use_bf16(trainer.config.precision, resolve_device(trainer.config.device))
+    precision = "bf16" if bf16 else "fp32"
     here = cpu_kind()
-    trained_on = _warn_unreproducible(spec, cell, here, trainer.bf16)
+    trained_on = _warn_unreproducible(spec, cell, here, bf16)
     logger.info("rebuilding %s in %s: %d of its %d steps, to re-create its best/", spec.label, precision,
                 step, spec.steps)
     started = time.monotonic()

@@ -223,6 +223,7 @@ def test_rebuild_recreates_a_finished_runs_checkpoint_or_refuses_one_that_differ
     assert all(torch.equal(rebuilt[name], weights["best"][name]) for name in rebuilt)  # the same weights
     record = json.loads((run_dir / "rebuilt.json").read_text())
     assert record["step"] == cell["selected_step"] and record["queries_changed"] == 0
+    assert record["precision"] == record["cell_precision"]  # same machine, same precision (bf16 where native)
     # the rebuild's own training log lies beside best/, ending with the selected step's validation
     log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
     assert log[-1]["step"] == cell["selected_step"]
