@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_mag.bench.report import ALPHA, seed_averaged, write_report
+from rag_mag.bench.report import write_report
+from rag_mag.bench.report_aggregate import seed_averaged
+from rag_mag.bench.report_compare import ALPHA
 from rag_mag.bench.stats import bootstrap_ci, compare_paired
 
 

@@ -16,7 +16,9 @@ from rag_mag.bench.cells import budget_recall, gold_documents
 from rag_mag.bench.config import BenchConfig, PipelineEntry, split_system, system_name
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.bench.generation import BenchPipeline, CellFailed, GenerationCache, generator_overrides
-from rag_mag.bench.report import aggregate, compare_to_baseline, of_pipeline
+from rag_mag.bench.report_aggregate import aggregate
+from rag_mag.bench.report_compare import compare_to_baseline
+from rag_mag.bench.report_findings import of_pipeline
 from rag_mag.bench.runner import Row, System
 from rag_mag.bench.scoring import CellScorer
 from rag_mag.data import Context, EvalRecord, Passage
