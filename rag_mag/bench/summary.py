@@ -160,7 +160,7 @@ def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict, f
               else "."), *config.notes]
     if failures:
         notes.append(f"{len(failures)} cell(s) failed and have no row; see the section 'Failed cells'.")
-    training = training_curves(runner.systems, runner.records)
+    training = training_curves(runner.systems, runner.catalog.records)
     sections = [section for section in (rounds_section(cells, config.bootstrap_resamples),
                                         training_section(training) if training else None,
                                         failures_section(failures)) if section]

@@ -19,8 +19,8 @@ from rag_mag.bench.generation import BenchPipeline, CellFailed, GenerationCache,
 from rag_mag.bench.report_aggregate import aggregate
 from rag_mag.bench.report_compare import compare_to_baseline
 from rag_mag.bench.report_findings import of_pipeline
-from rag_mag.bench.runner import Row, System
 from rag_mag.bench.scoring import CellScorer
+from rag_mag.bench.systems import Row, System
 from rag_mag.data import Context, EvalRecord, Passage
 from rag_mag.errors import ConfigError
 from rag_mag.serving.pipelines import PIPELINES_DIR
@@ -472,9 +472,9 @@ def test_a_retriever_gone_from_the_machine_counts_with_the_cells_it_scored_and_n
 
     def systems() -> tuple[BenchRunner, list[System]]:
         runner = BenchRunner(settings, "test.yaml", "rag-mag bench test.yaml")
-        runner.read_records()
-        found = runner.given_systems("qnorm")
-        runner.write_records()
+        runner.catalog.read_records()
+        found = runner.catalog.given_systems("qnorm")
+        runner.catalog.write_records()
         return runner, found
 
     runner, (system,) = systems()
@@ -492,7 +492,7 @@ def test_a_retriever_gone_from_the_machine_counts_with_the_cells_it_scored_and_n
                                           (answer_dataset(), Row(gone, row.pipeline))], scorer)
     assert scorer.scored == [] and [c["dataset"] for c in cells] == ["toy"]  # reused, not scored again
     assert [f["dataset"] for f in failures] == ["open"] and "not on this machine" in failures[0]["error"]
-    curve = training_curves([gone], runner.records)[gone.label]
+    curve = training_curves([gone], runner.catalog.records)[gone.label]
     assert curve["validation"] == [{"step": 2, "ndcg@10": 0.5}] and curve["final_loss"] == 1.25
 
     # retrained at the same path with other weights: a new digest, so its old cells are scored again
@@ -508,7 +508,7 @@ def test_a_retriever_gone_from_the_machine_counts_with_the_cells_it_scored_and_n
     other = config(output_dir=str(tmp_path / "other"), strategies=["qnorm"],
                    retrievers={"qnorm": [str(tmp_path / "never")]})
     with pytest.raises(ConfigError, match="no record of it"):
-        BenchRunner(other, "test.yaml", "c").given_systems("qnorm")
+        BenchRunner(other, "test.yaml", "c").catalog.given_systems("qnorm")
 
 
 def test_only_scores_the_named_systems_and_skips_retrievers_not_trained_yet(tmp_path, checkpoint):
@@ -519,13 +519,13 @@ def test_only_scores_the_named_systems_and_skips_retrievers_not_trained_yet(tmp_
                       retrievers={"qnorm": [str(checkpoint), str(tmp_path / "seed1-not-yet")],
                                   "dot": [str(tmp_path / "never")]})
     runner = BenchRunner(settings, "test.yaml", "c", only=["qnorm", "bm25"])
-    found = runner.train_systems(tmp_path / "unused.jsonl") + runner.baseline_systems()
+    found = runner.catalog.train_systems(tmp_path / "unused.jsonl") + runner.catalog.baseline_systems()
     assert [(s.name, s.seed) for s in found] == [("qnorm", 0), ("bm25", 0)]  # dot and the untrained seed left out
     with pytest.raises(ConfigError, match="--only: cosine is not a system of this config; its systems are: "
                                           "qnorm, dot, bm25, closed_book"):
         BenchRunner(settings, "test.yaml", "c", only=["cosine"])
     with pytest.raises(ConfigError, match="no record of it"):  # without --only an untrained retriever is refused
-        BenchRunner(settings, "test.yaml", "c").train_systems(tmp_path / "unused.jsonl")
+        BenchRunner(settings, "test.yaml", "c").catalog.train_systems(tmp_path / "unused.jsonl")
 
 
 def test_a_user_pipeline_without_the_benchmark_parameters_is_refused_clearly(tmp_path):
