@@ -4,6 +4,10 @@ Low to high: the shared modules at the root of ``rag_mag/`` -> ``metrics`` -> ``
 -> ``reader`` -> ``serving`` -> ``bench`` -> ``demo`` -> ``cli``. A module may import its own layer and the
 layers below it, never one above, also not lazily inside a function; no two modules may import each other, directly or
 through others; and the root holds at most ``MAX_ROOT_FILES`` modules, so that new code lands in a layer.
+
+And the rooms stay small: no module has more than ``MAX_MODULE_LINES`` lines, and no function or method more than
+``MAX_FUNCTION_LINES``, counted from its ``def`` line to its last line (decorators not counted, its docstring and
+comments counted).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / PACKAGE
 # above the root, low to high
 LAYERS = ["metrics", "retriever", "components", "reader", "serving", "bench", "demo", "cli"]
 MAX_ROOT_FILES = 8
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
 
 
 def module_name(path: Path) -> str:
@@ -107,6 +113,30 @@ def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
     return None
 
 
+def line_count(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def function_lengths(path: Path) -> dict[str, tuple[int, int]]:
+    """``{qualified name: (lines, def line)}`` of every function and method in ``path``, nested ones included
+    (``Class.method``, ``outer.<locals>.inner``); a function spans its ``def`` line to its last line."""
+    lengths: dict[str, tuple[int, int]] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                lengths[name] = (child.end_lineno - child.lineno + 1, child.lineno)
+                visit(child, name + ".<locals>.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), "")
+    return lengths
+
+
 # ---------------------------------------------------------------------------------------------- the rules
 def test_no_module_imports_a_higher_layer():
     graph = import_graph()
@@ -138,7 +168,40 @@ def test_every_folder_has_a_layer():
         assert folder.name in LAYERS, f"rag_mag/{folder.name}/ has no layer; add it to LAYERS"
 
 
+def test_no_module_is_over_the_line_limit():
+    long = [f"{path.relative_to(PACKAGE_DIR.parent)}: {count} lines" for path in package_modules().values()
+            if (count := line_count(path)) > MAX_MODULE_LINES]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines; split them along their seams, one concept per " \
+        "module:\n" + "\n".join(long)
+
+
+def test_no_function_is_over_the_line_limit():
+    long = [f"{path.relative_to(PACKAGE_DIR.parent)}:{line} {name}: {lines} lines"
+            for path in package_modules().values()
+            for name, (lines, line) in function_lengths(path).items() if lines > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (def line to last line); split them into " \
+        "well-named parts:\n" + "\n".join(long)
+
+
 # ---------------------------------------------------------------------------------------- the checker itself
+def test_measures_functions_from_def_to_last_line(tmp_path):
+    source = tmp_path / "module.py"
+    source.write_text(
+        "import functools\n\n\n"
+        "@functools.cache\n"            # line 4: a decorator is not counted
+        "def top(x):\n"                 # line 5
+        "    def inner():\n"
+        "        return x\n"
+        "    return inner\n\n\n"       # line 8
+        "class Thing:\n"
+        "    async def method(self):\n"  # line 12
+        "        \"\"\"A docstring.\"\"\"\n"
+        "\n"
+        "        return 1\n")            # line 15
+    assert function_lengths(source) == {"top": (4, 5), "top.<locals>.inner": (2, 6), "Thing.method": (4, 12)}
+    assert line_count(source) == 15
+
+
 def test_resolves_absolute_relative_and_lazy_imports(tmp_path, monkeypatch):
     package = tmp_path / PACKAGE
     (package / "serving").mkdir(parents=True)
