@@ -160,12 +160,10 @@ class RecipeRun:
         self._wise(encoder, use_bf16(SETTINGS["precision"], encoder.device))
 
     def _wise(self, encoder, bf16: bool) -> None:
-        from transformers import AutoModel
-
-        from rag_mag.models import default_retriever_base
         from rag_mag.retriever.interpolate import interpolate
+        from rag_mag.retriever.recipes import base_transformer
 
-        base = AutoModel.from_pretrained(default_retriever_base(), use_safetensors=True)
+        base = base_transformer(self.config())
         tuned = encoder.to("cpu")
         for alpha in ALPHAS:
             mixed = interpolate(tuned, base, alpha).to(encoder.device)

@@ -53,9 +53,10 @@ def base_transformer(config) -> torch.nn.Module:
     return AutoModel.from_pretrained(config.base_model or default_retriever_base(), use_safetensors=True)
 
 
-def starting_weights(model: torch.nn.Module, config) -> dict[str, torch.Tensor]:
-    """The base encoder's weights of every trainable parameter: where L2-SP pulls back to."""
-    start = dict(base_transformer(config).named_parameters())
+def starting_weights(model: torch.nn.Module, base: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The base transformer's (``base_transformer``) weights of every trainable parameter: where L2-SP pulls
+    back to."""
+    start = dict(base.named_parameters())
     device = next(model.parameters()).device
     return {name: start[name].detach().to(device) for name, parameter in model.named_parameters()
             if parameter.requires_grad}

@@ -125,9 +125,10 @@ class Trainer:
         config = self.config  # --resume-anyway keeps the checkpoint's model settings
         encoder = starting_encoder(config, self.last_dir, resuming, train, self.group, self.device)
         freeze_below_top_layers(encoder.model, config.train_layers)
-        self._anchor = starting_weights(encoder.model, config) if config.anchor_weight else None
+        base = base_transformer(config) if config.anchor_weight or config.wise_alpha < 1 else None  # loaded once
+        self._anchor = starting_weights(encoder.model, base) if config.anchor_weight else None
         self._teacher = frozen_start(encoder, config).to(self.device) if config.distill_weight else None
-        self._wise_base = base_transformer(config).to(self.device) if config.wise_alpha < 1 else None
+        self._wise_base = base.to(self.device) if config.wise_alpha < 1 else None
         optimizer, scheduler = build_optimizer(encoder, config)
         step, best_metrics = self._resume(optimizer, scheduler) if resuming else (0, {})
         self.step = step
