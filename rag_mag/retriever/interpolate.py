@@ -10,6 +10,7 @@ run did not train on (``eval/bench_recipes.py``), never on test questions.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from pathlib import Path
@@ -36,10 +37,11 @@ def interpolate(tuned: MagnitudeEncoder, base_model: torch.nn.Module, alpha: flo
     if set(base_state) != set(tuned_state) or any(base_state[k].shape != tuned_state[k].shape for k in tuned_state):
         raise CheckpointError(f"the retriever {tuned.config.base_model!r} was not trained from this base model "
                               "(their weights differ in names or shapes)")
-    mixed = {name: ((1.0 - alpha) * base_state[name].float() + alpha * value.float()).to(value.dtype)
-             if value.is_floating_point() else value.clone() for name, value in tuned_state.items()}
-    model = type(tuned.model)(tuned.model.config)
-    model.load_state_dict(mixed)
+    model = copy.deepcopy(tuned.model)  # no fresh initialization: a WiSE-FT run builds this view at every step
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            if value.is_floating_point():
+                value.copy_(torch.lerp(base_state[name].float(), tuned_state[name].float(), alpha))
     config = type(tuned.config)(**{**vars(tuned.config), "training": dict(tuned.config.training)})
     start_query, start_document = initial_degrees(config.strategy)
     query_degree, document_degree = tuned.degrees.as_floats()

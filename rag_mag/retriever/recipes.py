@@ -44,13 +44,12 @@ def freeze_below_top_layers(model: torch.nn.Module, top: int) -> int:
 
 
 def base_transformer(config) -> torch.nn.Module:
-    """The base encoder's transformer, read from the base model itself (what L2-SP and WiSE-FT go back to), so a
-    resumed run goes back to the same start as the run it continues."""
-    from transformers import AutoModel
+    """The base encoder's transformer, built the way a run's encoder starts (``MagnitudeEncoder.build`` from the
+    base model itself: what L2-SP and WiSE-FT go back to), so a resumed run goes back to the same start as the
+    run it continues."""
+    from rag_mag.retriever.encoder import MagnitudeEncoder
 
-    from rag_mag.models import default_retriever_base
-
-    return AutoModel.from_pretrained(config.base_model or default_retriever_base(), use_safetensors=True)
+    return MagnitudeEncoder.build(config.base_model or None, "cosine").model
 
 
 def starting_weights(model: torch.nn.Module, base: torch.nn.Module) -> dict[str, torch.Tensor]:
