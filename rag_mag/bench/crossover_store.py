@@ -23,6 +23,15 @@ from rag_mag.retriever.config import TrainConfig
 CELL_FORMAT = 1
 # Settings that change how fast a run goes on this machine, not what it learns: not part of a cell's key.
 MACHINE_SETTINGS = ("threads", "device", "log_every")
+# TrainConfig fields each run sets from its spec and files (keyed through them) or that only steer resuming.
+RUN_SETTINGS = ("strategy", "seed", "steps", "train_data", "val_data", "out", "resume", "resume_anyway")
+
+
+def recipe_settings(train: dict) -> dict:
+    """The training settings a run's cell depends on: TrainConfig's defaults under the config's ``train`` block,
+    so that a changed default (``wise_alpha`` became 0.5) makes the cells trained under the old one stale."""
+    defaults = {k: v for k, v in asdict(TrainConfig()).items() if k not in RUN_SETTINGS}
+    return {k: v for k, v in {**defaults, **train}.items() if k not in (*MACHINE_SETTINGS, "selection")}
 
 
 class CrossoverStore:
@@ -58,7 +67,7 @@ class CrossoverStore:
     def key(self, spec: RunSpec, train_file: Path) -> str:
         """The fingerprint of everything a run's cell depends on; a cell under another key is stale."""
         config = self.config
-        settings = {k: v for k, v in config.train.items() if k not in (*MACHINE_SETTINGS, "selection")}
+        settings = recipe_settings(config.train)
         last_only = ["test_last_only"] if spec.group in config.test_last_only else []  # older keys unchanged
         # a main run publishes best/, which the selection rule chooses (the other groups' keys are unchanged)
         selection = ["selection", config.train.get("selection", TrainConfig.selection)] \

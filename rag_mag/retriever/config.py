@@ -61,11 +61,11 @@ class TrainConfig:
     distill_weight: float = _f(0.0, "keep the base model's rankings: add this weight x the KL divergence from the "
                                      "starting encoder's in-batch score distribution of each query to the trained "
                                      "one's (0: off; it costs one more forward pass a step)")
-    wise_alpha: float = _f(1.0, "WiSE-FT while training: every model the run validates, hands its step hook or "
+    wise_alpha: float = _f(0.5, "WiSE-FT while training: every model the run validates, hands its step hook or "
                                 "saves as best/ is its trained weights interpolated with the starting ones at this "
-                                "weight (1: the trained weights; last/ always keeps them, so training goes on "
-                                "from there). The default recipe's 0.5 was chosen on held-out sources "
-                                "(eval/README.md)")
+                                "weight (1: the trained weights, plain fine-tuning; last/ always keeps them, so "
+                                "training goes on from there). The default 0.5 was chosen on sources the runs did "
+                                "not train on (eval/README.md, \"Recipes against a held-out source\")")
     length_bucket_size: int = _f(16, "encode each step's texts in length-sorted chunks of this size, each padded "
                                      "to its own longest text (0: one padded batch per side)")
     precision: str = _f("auto", "auto, bf16 or fp32: auto uses bfloat16 autocast only where the hardware computes "

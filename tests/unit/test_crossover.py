@@ -3,6 +3,7 @@ resumable cells, and a verdict computed from the numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import shutil
@@ -22,6 +23,7 @@ from rag_mag.bench.crossover_tuning import with_tuned
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import Context, EvalRecord, Passage, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError
+from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.trainer import Trainer
 from tests.tiny import tiny_encoder
@@ -234,13 +236,17 @@ def test_rebuild_recreates_a_finished_runs_checkpoint_or_refuses_one_that_differ
     # a second call finds best/ and trains nothing
     CrossoverRunner(config, "c.yaml").run(rebuild=True)
 
-    # the selected step may be any checkpoint: here the last, whose weights are last/'s
+    # the selected step may be any checkpoint: here the last, published as last/'s trained weights halfway back
+    # to the start (the default recipe, WiSE-FT at wise_alpha 0.5)
     cells_file = config.out_dir() / "cells" / "main_qnorm_s0_4.json"
     write_jsonl(cells_file, [{**cell, "selected_step": 4}])
     fresh_clone()
     CrossoverRunner(config, "c.yaml").run(rebuild=True)
     rebuilt = load_file(published / "best" / "model.safetensors")
-    assert all(torch.equal(rebuilt[name], weights["last"][name]) for name in rebuilt)
+    start, alpha = tiny_encoder(tmp_path / "tok", "qnorm").model.state_dict(), TrainConfig().wise_alpha
+    assert alpha < 1 and any(not torch.equal(rebuilt[name], weights["last"][name]) for name in rebuilt)
+    assert all(torch.allclose(rebuilt[name], (1 - alpha) * start[name] + alpha * weights["last"][name], atol=1e-6)
+               for name in rebuilt if rebuilt[name].is_floating_point())
 
     # a bf16 run is rebuilt in bf16 where the CPU computes it natively, else in fp32 (and says so)
     write_jsonl(cells_file, [{**cell, "bf16": True}])
@@ -320,6 +326,28 @@ def test_the_selection_rule_is_part_of_a_main_runs_key_only(study):
     before = {cell["label"]: cell["key"] for cell in one_se["cells"]}
     assert keys["main_cosine_s0_2"] != before["main_cosine_s0_2"]
     assert keys["ablation_cosine_s0_2_gold"] == before["ablation_cosine_s0_2_gold"]
+
+
+def test_a_cells_key_covers_the_training_defaults(study, monkeypatch):
+    """The default recipe written out keys the same cells as left to the default; a changed default (plain
+    fine-tuning in place of WiSE-FT 0.5) makes them stale."""
+    spec = study().run_specs()[-1]
+
+    def key(**train) -> str:
+        config = study(train=dict(batch_size=4, **train))
+        store = CrossoverRunner(config, "c.yaml").store
+        return store.key(spec, store.train_file(spec))
+
+    default = key()
+    assert key(wise_alpha=TrainConfig().wise_alpha) == default
+    assert key(wise_alpha=1.0) != default
+
+    @dataclasses.dataclass
+    class PlainByDefault(TrainConfig):
+        wise_alpha: float = 1.0
+
+    monkeypatch.setattr(crossover_store, "TrainConfig", PlainByDefault)
+    assert key() == key(wise_alpha=1.0) != default
 
 
 def test_step_0_is_measured_once_per_starting_encoder(study, monkeypatch):

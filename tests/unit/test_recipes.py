@@ -27,7 +27,7 @@ def setup(tmp_path, monkeypatch):
     def make(**overrides):
         values = dict(train_data=str(tmp_path / "train.jsonl"), out=str(tmp_path / "run"), steps=10, batch_size=8,
                       learning_rate=1e-3, eval_every=0, val_fraction=0.0, warmup_ratio=0.0, calibration_samples=8,
-                      base_model=str(base))
+                      base_model=str(base), wise_alpha=1.0)  # each recipe alone; WiSE-FT where a test asks
         values.update(overrides)
         return TrainConfig(**values)
 

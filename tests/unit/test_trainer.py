@@ -29,7 +29,7 @@ def setup(tmp_path, monkeypatch):
     def make(**overrides):
         values = dict(train_data=str(tmp_path / "train.jsonl"), out=str(tmp_path / "run"), steps=12,
                       batch_size=8, learning_rate=1e-3, eval_every=6, log_every=1, save_every=4, val_fraction=0.2,
-                      warmup_ratio=0.0, calibration_samples=8)
+                      warmup_ratio=0.0, calibration_samples=8, wise_alpha=1.0)  # plain: best/ is trained weights
         values.update(overrides)
         return TrainConfig(**values)
 
