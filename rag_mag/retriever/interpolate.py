@@ -60,6 +60,11 @@ def interpolate_checkpoint(path: str | os.PathLike, alpha: float, out: str | os.
 
     folder = resolve_checkpoint_dir(path)
     tuned = MagnitudeEncoder.load(folder)
+    earlier = tuned.config.training.get("wise_ft")
+    if earlier:  # best/ of a run under the default recipe: mixing it again would give alpha x its alpha
+        raise ConfigError(f"{folder} is already WiSE-FT at alpha {earlier.get('alpha')} (its run trained with "
+                          "--wise-alpha below 1). Interpolate the trained weights instead: the run's last/ "
+                          "folder (its final step), or train with the --wise-alpha you want")
     source = base_model or tuned.config.base_model
     try:
         base = AutoModel.from_pretrained(source, use_safetensors=True)

@@ -172,3 +172,8 @@ def test_rag_mag_interpolate_writes_the_mixed_checkpoint_and_records_alpha(tmp_p
     capsys.readouterr()
     assert main(flags + [str(tmp_path / "bad"), "--alpha", "-0.1"]) == 2
     assert "alpha must be a number in [0, 1]" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    # a checkpoint that is itself WiSE-FT (best/ under the default recipe) is not mixed a second time
+    again = ["interpolate", "--retriever", str(tmp_path / "mixed"), "--base-model", str(tmp_path / "base"),
+             "--out", str(tmp_path / "twice"), "--alpha", "0.5"]
+    assert main(again) == 2
+    assert "already WiSE-FT at alpha 0.5" in capsys.readouterr().err and not (tmp_path / "twice").exists()
