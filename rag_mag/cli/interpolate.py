@@ -17,7 +17,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "and norm scales. Choose alpha on validation from a domain the retriever did not train on "
                     "(eval/bench_recipes.py), not on test questions. The checkpoint records alpha and the trained "
                     "checkpoint's digest.", formatter_class=DefaultsHelpFormatter)
-    parser.add_argument("--retriever", required=True, help="the trained checkpoint (or its training output folder)")
+    parser.add_argument("--retriever", required=True,
+                        help="trained weights: a checkpoint of plain fine-tuning (--wise-alpha 1) or a run's last/ "
+                             "folder; an interpolated checkpoint (best/ under the default recipe) is refused")
     parser.add_argument("--alpha", type=float, required=True, help="weight of the trained model, in [0, 1]")
     parser.add_argument("--base-model", default=None,
                         help="the base encoder folder (default: the one the checkpoint records)")
