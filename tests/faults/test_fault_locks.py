@@ -134,11 +134,17 @@ def test_a_second_writer_is_refused_at_once_and_the_first_completes(inputs, tmp_
 
 def test_a_real_rag_mag_process_is_refused_within_seconds(inputs, tmp_path, fault_case):
     arguments, lock = command("index", inputs, tmp_path / "index")
+    executable = str(Path(sys.executable).with_name("rag-mag"))
+    # the CLI's own start-up on this machine (imports, no model), measured first: a busy machine slows both
+    started = time.monotonic()
+    subprocess.run([executable, "index", "--help"], cwd=REPO_ROOT, capture_output=True, timeout=300, check=True)
+    start_up = time.monotonic() - started
     holder = Holder(lock)
     started = time.monotonic()
-    second = subprocess.run([str(Path(sys.executable).with_name("rag-mag")), *arguments], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert second.returncode == 2 and time.monotonic() - started < REFUSED_WITHIN_S, second.stderr[-2000:]
+    second = subprocess.run([executable, *arguments], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    refused_after = time.monotonic() - started
+    assert second.returncode == 2 and refused_after < start_up + REFUSED_WITHIN_S, \
+        (start_up, refused_after, second.stderr[-2000:])
     assert f"process {holder.pid} " in refused_line(second.stderr, "index")
     assert holder.finish() == 0
     fault_case.clear_error()
