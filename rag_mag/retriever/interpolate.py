@@ -39,9 +39,9 @@ def interpolate(tuned: MagnitudeEncoder, base_model: torch.nn.Module, alpha: flo
                               "(their weights differ in names or shapes)")
     model = copy.deepcopy(tuned.model)  # no fresh initialization: a WiSE-FT run builds this view at every step
     with torch.no_grad():
-        for name, value in model.state_dict().items():
+        for name, value in model.state_dict().items():  # the tuned weights, moved 1 - alpha of the way to the base
             if value.is_floating_point():
-                value.copy_(torch.lerp(base_state[name].float(), tuned_state[name].float(), alpha))
+                value.lerp_(base_state[name].to(value.dtype), 1.0 - alpha)
     config = type(tuned.config)(**{**vars(tuned.config), "training": dict(tuned.config.training)})
     start_query, start_document = initial_degrees(config.strategy)
     query_degree, document_degree = tuned.degrees.as_floats()
