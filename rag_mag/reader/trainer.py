@@ -161,6 +161,22 @@ class ReaderTrainer:
                               "the same settings, another --out, or --no-resume to start over")
         return self.last_dir
 
+    def _completed(self, resume_dir: Path) -> ReaderResult | None:
+        """The result of a run whose checkpoint already reached ``steps``, so that its command run again only
+        reports it (and ``--publish`` publishes it): a Trainer resumed at its last step trains one step more."""
+        step = json.loads((resume_dir / "trainer_state.json").read_text()).get("global_step", 0)
+        record_path = self.adapter_dir / "reader.json"
+        if step < self.config.steps or not record_path.is_file():
+            return None
+        record = json.loads(record_path.read_text())
+        weights = self.adapter_dir / "adapter_model.safetensors"
+        if not weights.is_file() or durable.sha256_of(weights) != record.get("adapter_sha256"):
+            raise CheckpointError(f"{self.adapter_dir} does not match its reader.json; delete {self.adapter_dir} "
+                                  "and train again, or pass --no-resume to start over")
+        logger.info("%s already trained %d of %d steps; its adapter is from step %d (validation EM %.1f)",
+                    self.out, step, self.config.steps, record["step"], record["validation"]["em"])
+        return ReaderResult(self.adapter_dir, record["step"], {"step": record["step"], **record["validation"]})
+
     # ---------------------------------------------------------------------------------------- training
     def train(self) -> ReaderResult:
         import torch
@@ -179,6 +195,8 @@ class ReaderTrainer:
         base = base_model_dir(config)
         train, validation, digest = self.examples()
         resume_dir = self._resume_from(digest)
+        if resume_dir is not None and (done := self._completed(resume_dir)) is not None:
+            return done
         tokenizer = AutoTokenizer.from_pretrained(base)
         tokenizer.padding_side = "left"  # validation generates in batches
         rows, too_long = [], 0

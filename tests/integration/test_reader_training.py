@@ -32,6 +32,9 @@ def test_train_reader_writes_a_validated_adapter_resumes_and_refuses_other_setti
     losses = [record["step"] for record in log if "loss" in record]
     assert losses == sorted(set(losses)) and losses[-1] == 3  # no step logged twice after the resume
     assert [record["step"] for record in log if "val_em" in record] == [0, 2, 3]
+    assert main(flags + ["--steps", "3"]) == 0  # complete: reports its adapter and trains nothing more
+    assert (out / "train_log.jsonl").read_text().splitlines() == [json.dumps(record) for record in log]
+    assert json.loads((out / "last" / "trainer_state.json").read_text())["global_step"] == 3
     capsys.readouterr()
     assert main(flags + ["--steps", "4", "--learning-rate", "1e-4"]) == 2
     assert "learning_rate: saved 0.0005, now 0.0001" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import yaml
 from haystack import Document
 from haystack.components.builders.chat_prompt_builder import ChatPromptBuilder
 
+from rag_mag import durable
 from rag_mag.components.answer_prompt import AnswerPromptBuilder, answer_messages
 from rag_mag.components.followup_prompt import FollowUpPromptBuilder
 from rag_mag.data import Passage
@@ -340,6 +341,25 @@ def test_a_last_checkpoint_of_other_settings_is_refused(tmp_path):
     (last / RUN_FILE).unlink()
     with pytest.raises(CheckpointError, match="incomplete"):
         ReaderTrainer(config)._resume_from("abc")
+
+
+def test_a_run_that_reached_its_steps_reports_its_adapter_and_a_tampered_one_is_refused(tmp_path):
+    from rag_mag.reader.trainer import ReaderTrainer
+
+    last, adapter = tmp_path / "last", tmp_path / "adapter"
+    last.mkdir()
+    adapter.mkdir()
+    weights = adapter / "adapter_model.safetensors"
+    weights.write_bytes(b"weights")
+    (adapter / "reader.json").write_text(json.dumps({"step": 6, "validation": {"em": 40.0, "f1": 50.0},
+                                                      "adapter_sha256": durable.sha256_of(weights)}))
+    (last / "trainer_state.json").write_text(json.dumps({"global_step": 8}))
+    assert ReaderTrainer(ReaderConfig(out=str(tmp_path), steps=9))._completed(last) is None  # one step to go
+    done = ReaderTrainer(ReaderConfig(out=str(tmp_path), steps=8))._completed(last)
+    assert (done.adapter_dir, done.step, done.validation) == (adapter, 6, {"step": 6, "em": 40.0, "f1": 50.0})
+    weights.write_bytes(b"other weights")
+    with pytest.raises(CheckpointError, match="does not match its reader.json"):
+        ReaderTrainer(ReaderConfig(out=str(tmp_path), steps=8))._completed(last)
 
 
 def test_the_reader_needs_a_converted_base_model(tmp_path):
