@@ -38,7 +38,6 @@ COMMANDS = {
 
 def _offline_defaults() -> None:
     # No model hub is needed at run time: everything defaults to local files. Users can override.
-    os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
