@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 from rag_mag import durable
 from rag_mag.errors import TrainingError
 from rag_mag.reader.export import low_rank_weights, write_adapter
+from rag_mag.reader.merge import ADAPTER_WEIGHTS
 from rag_mag.reader.prompts import validation_scores
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class ReaderCallbacks(TrainerCallback):
             self.tokenizer.save_pretrained(staging)
             record = {"step": step, "validation": scores, "config": self.config.to_dict(),
                       "examples_digest": self.run_record["examples_digest"],
-                      "adapter_sha256": durable.sha256_of(staging / "adapter_model.safetensors")}
+                      "adapter_sha256": durable.sha256_of(staging / ADAPTER_WEIGHTS)}
             (staging / "reader.json").write_text(json.dumps(record, indent=2) + "\n")
             samples = [{"question": e.question, "answers": list(e.answers), "prediction": a}
                        for e, a in zip(self.validation[:20], answers[:20], strict=True)]

@@ -30,6 +30,7 @@ from rag_mag.models import default_llm_dir
 from rag_mag.reader import examples as reader_examples
 from rag_mag.reader import export
 from rag_mag.reader.config import ReaderConfig
+from rag_mag.reader.merge import ADAPTER_WEIGHTS
 from rag_mag.reader.prompts import render
 
 logger = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ class ReaderTrainer:
         if step < self.config.steps or not record_path.is_file():
             return None
         record = json.loads(record_path.read_text())
-        weights = self.adapter_dir / "adapter_model.safetensors"
+        weights = self.adapter_dir / ADAPTER_WEIGHTS
         if not weights.is_file() or durable.sha256_of(weights) != record.get("adapter_sha256"):
             raise CheckpointError(f"{self.adapter_dir} does not match its reader.json; delete {self.adapter_dir} "
                                   "and train again, or pass --no-resume to start over")
