@@ -14,7 +14,7 @@ from rag_mag.bench.datasets import EvalDataset
 from rag_mag.bench.generation import resolve_pipeline
 from rag_mag.bench.systems import Row
 
-CELL_FORMAT = 4  # bump when a cell's content changes, so that older cells are recomputed
+CELL_FORMAT = 5  # bump when a cell's content changes, so that older cells are recomputed
 
 
 def cell_path(cells_dir: Path, dataset: EvalDataset, row: Row) -> Path:

@@ -126,7 +126,7 @@ class CellScorer:
         passages (known before any server starts, so such a row never starts vLLM)."""
         if row.pipeline is not None or row.system.name != "oracle":
             return True
-        if gold_documents(self._answered(dataset), self.config.rag_top_k or DEFAULT_READER_TOP_K) is None:
+        if gold_documents(dataset, self.config.rag_top_k or DEFAULT_READER_TOP_K) is None:
             logger.info("%s names no gold passages (no supporting or answer-bearing contexts): no oracle row",
                         dataset.name)
             return False
@@ -182,13 +182,22 @@ class CellScorer:
         return cell
 
     def _oracle(self, dataset: EvalDataset, base: bool = False) -> dict | None:
-        view = self._answered(dataset, base_reader=base)
-        gold = gold_documents(view, self.config.rag_top_k or DEFAULT_READER_TOP_K)
+        """The reader given each question's gold passages. Only questions that have some are asked: the first
+        ``answered_by`` of them among every loaded question (a question without gold passages would be a
+        closed-book question in an oracle's row). The cell names its questions (``question_ids``), which are not
+        the dataset's first ones where some lack gold passages; paired tests align on them."""
+        gold = gold_documents(dataset, self.config.rag_top_k or DEFAULT_READER_TOP_K)
         if gold is None:
             return None
-        cell = self._read(view, gold, "oracle")
-        cell["oracle_without_gold"] = sum(1 for docs in gold if not docs)
-        cell["budget"] = {"mean": float(np.mean([len(docs) for docs in gold])), "max": max(len(d) for d in gold)}
+        limit = self.config.answered_by(None, base)
+        first = len(dataset.records) if limit is None else min(limit, len(dataset.records))
+        keep = [index for index, docs in enumerate(gold) if docs][:limit]
+        view = replace(dataset, records=[dataset.records[index] for index in keep])
+        given = [gold[index] for index in keep]
+        cell = self._read(view, given, "oracle")
+        cell["question_ids"] = [record.id for record in view.records]
+        cell["oracle_without_gold"] = sum(1 for docs in gold[:first] if not docs)  # skipped among the first
+        cell["budget"] = {"mean": float(np.mean([len(docs) for docs in given])), "max": max(len(d) for d in given)}
         return cell
 
     def _read(self, dataset: EvalDataset, documents: list[list], label: str) -> dict:

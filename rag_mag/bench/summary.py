@@ -147,8 +147,8 @@ def write_outputs(runner, cells: list[dict], predictors: dict, datasets: dict, f
     for cell in cells:
         key = (cell["dataset"], cell["system"], cell["seed"])
         # each metric covers the dataset's first len(values) questions: answers the first n_questions
-        # (answer_questions), the ranking metrics all of them
-        values = {"ids": [r.id for r in datasets[cell["dataset"]].records]}
+        # (answer_questions), the ranking metrics all of them; an oracle cell names its own (question_ids)
+        values = {"ids": cell.get("question_ids") or [r.id for r in datasets[cell["dataset"]].records]}
         values.update({k: np.asarray(v) for k, v in cell["rag_per_example"].items()})
         values.update({k: np.asarray(v) for k, v in (cell.get("retrieval_per_example") or {}).items()})
         per_example[key] = values

@@ -214,6 +214,22 @@ def test_oracle_row_answers_from_the_gold_passages_through_the_reader_pipeline(t
     assert len(llm.prompts) == 4
 
 
+def test_oracle_row_asks_only_questions_with_gold_passages_and_names_them(tmp_path):
+    """A question without gold passages would be a closed-book question in the oracle's row: it is skipped, and
+    the row takes the next questions that have some, up to answer_questions, naming them for paired tests."""
+    records = list(reversed(answer_dataset().records))  # a2 (no gold passage) first, then a1
+    dataset = EvalDataset("open", records, list(CORPUS), source="test")
+    llm = ScriptedChat("Berlin.")
+    scorer = CellScorer(config(concurrency=1, answer_questions=1), "http://127.0.0.1:9/v1",
+                        GenerationCache(tmp_path / "cache.jsonl"), components={"reader": {"llm": llm}})
+    cell = scorer.evaluate(dataset, Row(System("oracle", 0, None), None))
+    assert len(llm.prompts) == 1 and "capital of germany" in llm.prompts[0] and "[1] Berlin" in llm.prompts[0]
+    assert cell["question_ids"] == ["a1"] and cell["n_questions"] == 1 and cell["rag"]["em"] == 100.0
+    assert cell["oracle_without_gold"] == 1  # a2, the first question, has none
+    closed = scorer.evaluate(dataset, Row(System("closed_book", 0, None), None))
+    assert closed["n_questions"] == 1 and "question_ids" not in closed  # every other row: the first questions
+
+
 def test_an_oracle_row_without_gold_passages_is_left_out_before_any_server_is_needed(tmp_path):
     scorer = CellScorer(config(concurrency=1), None, GenerationCache(tmp_path / "cache.jsonl"))
     oracle, closed = Row(System("oracle", 0, None), None), Row(System("closed_book", 0, None), None)
