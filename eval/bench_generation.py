@@ -28,6 +28,9 @@ import os
 import time
 from pathlib import Path
 
+# Haystack is imported before rag_mag here, so its telemetry is turned off here too (see rag_mag/__init__.py).
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+
 from haystack.dataclasses import ChatMessage
 
 from rag_mag import durable
