@@ -34,7 +34,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "$RAG_MAG_VLLM_URL)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
                         help="extra override of a component parameter (repeatable)")
-    parser.add_argument("--json", action="store_true", help="print the answer and sources as JSON")
+    parser.add_argument("--source", nargs="+", metavar="GLOB",
+                        help="search only these files of an index of files (names as indexed, or globs such as "
+                             "'reports/*.pdf')")
+    parser.add_argument("--json", action="store_true", help="print the answer and sources (file, page, excerpt) "
+                        "as JSON")
     return parser
 
 
@@ -48,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         read_pipeline_dict,
         run_pipeline,
     )
+    from rag_mag.serving.source_filters import indexed_files, source_filter, with_filters
 
     question = args.question.strip()
     if not question:
@@ -69,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
         overrides["llm_url"] = args.llm_url
     overrides.update(parse_overrides(args.overrides))
     pipeline = load_pipeline(args.pipeline, overrides, preflight=True)
-    result = run_pipeline(pipeline, question_inputs(pipeline, question))
+    inputs = question_inputs(pipeline, question)
+    if args.source:
+        inputs = with_filters(pipeline, inputs, source_filter(args.source, indexed_files(pipeline)))
+    result = run_pipeline(pipeline, inputs)
     outputs = named_outputs(pipeline, result)
     answer = first_answer(outputs, source=f"pipeline {args.pipeline}")
     report = answer_report(question, answer, outputs.get("queries"))
@@ -81,19 +89,23 @@ def _number(value: Any, digits: int = 3) -> str:
     return "?" if value is None else f"{value:.{digits}f}"
 
 
-def format_report(report: dict[str, Any], text_chars: int = 160) -> str:
-    """``rag_mag.serving.answers.answer_report`` as the text ``rag-mag ask`` prints."""
+def format_report(report: dict[str, Any]) -> str:
+    """``rag_mag.serving.answers.answer_report`` as the text ``rag-mag ask`` prints (the answer marked [[so]])."""
+    from rag_mag.serving.answers import citation
+
     lines = [f"Answer: {report['answer'] or '(empty)'}", ""]
     if report.get("queries") and len(report["queries"]) > 1:
         lines += ["Search rounds:"] + [f"  {i}. {q}" for i, q in enumerate(report["queries"], start=1)] + [""]
     lines.append("Sources (score = cosine x query norm x document norm):")
     for source in report["sources"]:
         hop = f" [round {source['hop']}]" if source.get("hop") else ""
-        lines.append(f"  {source['rank']}. {source['title'] or source['id']} ({source['id']}){hop}")
+        lines.append(f"  {source['rank']}. {citation(source)} ({source['id']}){hop}")
         lines.append(f"     score {_number(source['score'])} = {_number(source['cosine'])} x "
                      f"{_number(source['query_norm'])} x {_number(source['document_norm'])}"
                      f"   (raw norms: query {_number(source['query_raw_norm'], 2)}, "
                      f"document {_number(source['document_raw_norm'], 2)})")
-        text = " ".join((source["text"] or "").split())
-        lines.append(f"     {text[:text_chars]}{'...' if len(text) > text_chars else ''}")
+        snippet, span = source["excerpt"], source.get("answer_span")
+        if span:  # the answer's words, marked where the passage holds them
+            snippet = f"{snippet[:span[0]]}[[{snippet[span[0]:span[1]]}]]{snippet[span[1]:]}"
+        lines.append(f"     {snippet}")
     return "\n".join(lines)

@@ -1,8 +1,10 @@
-"""``rag-mag index``: embed a corpus with a trained retriever and save a FAISS inner-product index.
+"""``rag-mag index``: embed files or a corpus with a trained retriever and save a FAISS inner-product index.
 
-Resumable and shardable (rag_mag.serving.indexing): vectors go to memory-mapped chunk files in a work
-folder, a rerun after a kill goes on from the last finished chunk, ``--shard K/N`` (or torchrun) splits the
-corpus across processes or machines, and the last shard to finish merges them into the index folder.
+Files and folders (``rag-mag index docs/ --out DIR``) go through pipelines/index_files.yaml, incrementally
+(rag_mag.serving.file_indexing). A JSONL corpus (``--corpus``) is encoded in full, resumable and shardable
+(rag_mag.serving.indexing): vectors go to memory-mapped chunk files in a work folder, a rerun after a kill
+goes on from the last finished chunk, ``--shard K/N`` (or torchrun) splits the corpus across processes or
+machines, and the last shard to finish merges them into the index folder.
 """
 
 from __future__ import annotations
@@ -12,17 +14,26 @@ import json
 from pathlib import Path
 
 from rag_mag.cli import DefaultsHelpFormatter
+from rag_mag.errors import ConfigError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.components.faiss_index import AUTO_APPROXIMATE_FROM, INDEX_TYPES
     from rag_mag.models import REPO_ROOT, default_retriever_dir
+    from rag_mag.serving.file_indexing import EXIT_SKIPPED
+    from rag_mag.serving.files import DEFAULT_MAX_FILE_MB, supported_types
     from rag_mag.serving.indexing import DEFAULT_CHUNK_SIZE
     from rag_mag.serving.pipelines import default_index_dir
 
     parser = subparsers.add_parser(
-        "index", help="embed a corpus and save a FAISS index (resumable, shardable across processes/machines)",
-        description="Embed every passage of a corpus JSONL ({id, title, text}) with a retriever checkpoint, under "
+        "index", help="index your files (.txt .md .html .pdf .docx, incrementally) or a JSONL corpus into FAISS",
+        description="With PATHs: convert, split and embed files and folders through pipelines/index_files.yaml "
+                    f"({supported_types()}). Run again on the same --out, only new and changed files are "
+                    "encoded, and files deleted from a folder lose their chunks; a different --retriever "
+                    "re-embeds everything. Ends with one summary line; exit code 0 when every file went in, "
+                    f"{EXIT_SKIPPED} when some were skipped (each named with its reason on stderr), 2 on a usage "
+                    "error. Without PATHs: embed every passage of a corpus JSONL ({id, title, text}) with a "
+                    "retriever checkpoint, under "
                     "its similarity strategy, and save a FAISS inner-product index folder. Vectors are written in "
                     "chunks to memory-mapped files in a work folder (default OUT.work): rerun the same command "
                     "after an interruption and it goes on from the last finished chunk. With --shard K/N (or "
@@ -30,11 +41,34 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "them. The same result as pipelines/indexing.yaml (`rag-mag run`), which holds everything "
                     "in memory.",
         formatter_class=DefaultsHelpFormatter)
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="files and folders to index (folders recursively; dot files are left out)")
+    parser.add_argument("--include", action="append", default=[], metavar="GLOB",
+                        help="index only files whose path (relative to its folder) or name matches (repeatable)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                        help="leave out files whose path or name matches (repeatable)")
+    parser.add_argument("--split-length", type=int, default=None,
+                        help="most words in a chunk, cut at sentence ends (default: the pipeline's, 100)")
+    parser.add_argument("--split-overlap", type=int, default=None,
+                        help="words a chunk repeats from the one before, whole sentences (default: the pipeline's, 20)")
+    parser.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB,
+                        help="larger files are skipped with a line")
+    parser.add_argument("--dry-run", action="store_true", help="print what would be added, changed and removed; "
+                        "write nothing")
+    parser.add_argument("--remove", nargs="+", metavar="FILE",
+                        help="drop these files (their names in the index, or globs) from the index at --out")
+    parser.add_argument("--pipeline", default=None, help="indexing pipeline YAML for PATHs (default: "
+                        "pipelines/index_files.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
+                        help="override a component parameter of the files pipeline (repeatable)")
+    parser.add_argument("--json", action="store_true", help="for PATHs: print the summary as JSON as well")
     parser.add_argument("--retriever", default=str(default_retriever_dir()),
                         help="retriever checkpoint folder (written by `rag-mag train`)")
-    parser.add_argument("--corpus", default=str(REPO_ROOT / "data" / "sample" / "corpus.jsonl"),
-                        help="corpus JSONL or JSONL.gz with {id, title, text}")
-    parser.add_argument("--out", default=str(default_index_dir()), help="index folder to write")
+    parser.add_argument("--corpus", default=None,
+                        help="corpus JSONL or JSONL.gz with {id, title, text}, encoded in full (default without "
+                             f"PATHs: {REPO_ROOT / 'data' / 'sample' / 'corpus.jsonl'})")
+    parser.add_argument("--out", default=None, help="index folder to write (default: artifacts/index-docs for "
+                        f"PATHs, {default_index_dir()} for a corpus)")
     parser.add_argument("--batch-size", type=int, default=32, help="passages encoded at once")
     parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE,
                         help="passages per chunk: the unit of progress that a rerun does not repeat")
@@ -63,11 +97,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from rag_mag.components.faiss_index import verify_folder
+    from rag_mag.models import REPO_ROOT
     from rag_mag.serving.indexing import IndexJob, parse_shard, run_index_job, shard_lock
+    from rag_mag.serving.pipelines import default_index_dir
 
     if args.verify:
         print(json.dumps(verify_folder(Path(args.verify)), indent=2))
         return 0
+    if args.out is None:
+        files = args.paths or args.remove
+        args.out = str(default_index_dir().with_name("index-docs") if files else default_index_dir())
+    if args.remove:
+        return run_remove(args)
+    if args.paths:
+        return run_files(args)
+    if args.corpus is None:
+        args.corpus = str(REPO_ROOT / "data" / "sample" / "corpus.jsonl")
     job = IndexJob(corpus=Path(args.corpus), retriever=Path(args.retriever), out=Path(args.out),
                    index_type=args.index_type, chunk_size=args.chunk_size, batch_size=args.batch_size,
                    precision=args.precision)
@@ -76,4 +121,51 @@ def run(args: argparse.Namespace) -> int:
         summary = run_index_job(job, shard, work_dir, overwrite=args.overwrite, restart=args.restart,
                                 keep_work=args.keep_work)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def run_files(args: argparse.Namespace) -> int:
+    """``rag-mag index PATH... --out DIR``: the incremental files path."""
+    import sys
+
+    from rag_mag import durable
+    from rag_mag.serving.file_indexing import index_files
+    from rag_mag.serving.pipelines import parse_overrides
+
+    if args.corpus:
+        raise ConfigError("give either PATHs (files and folders) or --corpus (a JSONL corpus), not both")
+    overrides = parse_overrides(args.overrides)
+    for name in ("split_length", "split_overlap", "batch_size"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    if args.index_type != "flat":
+        overrides["index_type"] = args.index_type
+    out = Path(args.out)
+    with durable.job_lock(durable.lock_path(out), f"the index {out}"):
+        summary = index_files(args.paths, out, Path(args.retriever), include=args.include, exclude=args.exclude,
+                              overrides=overrides, max_file_mb=args.max_file_mb, dry_run=args.dry_run,
+                              pipeline_path=args.pipeline)
+    for path, reason in summary.plan.skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    if args.dry_run:
+        for label, names in (("add", [f.name for f in summary.plan.added]),
+                             ("re-embed (changed)", [f.name for f in summary.plan.changed]),
+                             ("remove", summary.plan.removed)):
+            for name in names:
+                print(f"would {label}: {name}")
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2, ensure_ascii=False))
+    print(summary.line())
+    return summary.exit_code
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    """``rag-mag index --remove FILE... --out DIR``."""
+    from rag_mag import durable
+    from rag_mag.serving.file_indexing import remove_files
+
+    out = Path(args.out)
+    with durable.job_lock(durable.lock_path(out), f"the index {out}"):
+        names, chunks = remove_files(out, args.remove)
+    print(f"removed {len(names)} file(s) and {chunks} chunks from {out}: {', '.join(names)}")
     return 0

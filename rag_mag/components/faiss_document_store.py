@@ -21,8 +21,10 @@ eval/bench_ann.py measures recall@10 against exact search, speed, build time and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,8 @@ class FAISSDocumentStore:
         self._strategy: str | None = None
         self._loaded = False
         self._load_lock = threading.Lock()
+        self._deferring = False
+        self._unsaved = False
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, path=self.path, index_type=self.index_type, recreate=self.recreate,
@@ -143,8 +147,36 @@ class FAISSDocumentStore:
         records = [document.to_dict(flatten=False) for document in self._documents]
         faiss_index.write_folder(Path(target), self.faiss_index() if self._documents else None,
                                  [d.id for d in self._documents], records, self.manifest)
+        self._unsaved = False
         logger.info("saved %d documents to index %s", len(self._documents), target)
         return Path(target)
+
+    @contextlib.contextmanager
+    def deferred_saves(self) -> Iterator[None]:
+        """Writes and deletes inside the block change the store in memory; the folder is saved once, when the
+        block ends without an error (the last saved index stays as it was if it raises)."""
+        self._ensure_loaded()
+        self._deferring = True
+        try:
+            yield
+            self.flush()
+        finally:
+            self._deferring = False
+
+    def flush(self) -> None:
+        """Save the changes made since the last save (inside ``deferred_saves``: a checkpoint of the work)."""
+        if self._unsaved and self.path:
+            self.save()
+
+    def files(self, key: str = "file") -> dict[str, list[Document]]:
+        """The stored Documents (without embeddings) grouped by ``meta[key]``, in row order; others left out."""
+        self._ensure_loaded()
+        grouped: dict[str, list[Document]] = {}
+        for document in self._documents:
+            value = (document.meta or {}).get(key)
+            if value is not None:
+                grouped.setdefault(str(value), []).append(document)
+        return grouped
 
     # ------------------------------------------------------------------ DocumentStore protocol
     def count_documents(self) -> int:
@@ -203,8 +235,12 @@ class FAISSDocumentStore:
         faiss_index.configure_search(self._index, self.ef_search, self.nprobe)
         return self._index
 
-    def search(self, query_embeddings: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Inner-product search: scores (m, k) and rows (m, k), best first; k = min(top_k, count)."""
+    def search(self, query_embeddings: np.ndarray, top_k: int,
+               filters: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Inner-product search: scores (m, k) and rows (m, k), best first; k = min(top_k, count).
+
+        With Haystack ``filters`` only the matching Documents are ranked, exactly (a scan of their vectors),
+        whatever the index type: a filter is for a user's files, not for a million passages."""
         self._ensure_loaded()
         queries = np.ascontiguousarray(query_embeddings, dtype=np.float32)
         if not self._documents:
@@ -212,6 +248,13 @@ class FAISSDocumentStore:
         if queries.ndim != 2 or queries.shape[1] != self._embeddings.shape[1]:
             raise DataError(f"query embeddings have shape {queries.shape}, the index holds vectors of dimension "
                             f"{self._embeddings.shape[1]}; embed queries with the checkpoint the index was built with")
+        if filters:
+            rows = np.asarray([row for row, document in enumerate(self._documents)
+                               if document_matches_filter(filters, document)], dtype=np.int64)
+            scores = queries @ self._embeddings[rows].T  # (m, matching)
+            k = min(top_k, len(rows))
+            best = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (m, k)
+            return np.take_along_axis(scores, best, axis=1), rows[best] if len(rows) else best
         index, k = self.faiss_index(), min(top_k, len(self._documents))
         if len(queries) >= faiss_index.BATCH_THRESHOLD:
             return index.search(queries, k)
@@ -268,5 +311,6 @@ class FAISSDocumentStore:
             self._index = None
         if not self._documents:
             self._checkpoint = self._strategy = None
-        if self.path:
+        self._unsaved = True
+        if self.path and not self._deferring:
             self.save()

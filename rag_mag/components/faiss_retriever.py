@@ -75,25 +75,30 @@ class FAISSEmbeddingRetriever:
 
         :param query_embedding: The treated query embedding (from RagMagTextEmbedder).
         :param top_k: Overrides the constructor's `top_k`.
-        :param filters: Not supported: must be empty.
+        :param filters: Haystack filters on the Documents' meta (e.g. `{"field": "meta.file", "operator":
+            "in", "value": [...]}`): only matching Documents are ranked, exactly.
         :param query_meta: `RagMagTextEmbedder`'s `meta` (raw norm, checkpoint fingerprint).
         :returns: `documents`: best first, with `score` and the score's parts in `meta`.
         """
-        if filters:
-            raise ConfigError("FAISSEmbeddingRetriever does not support filters; remove them (filter the corpus "
-                              "before indexing instead)")
         top_k = _check_top_k(self.top_k if top_k is None else top_k)
         self.warm_up()
         self._check_checkpoint(query_meta or {})
-        results = self.search_batch(np.asarray([query_embedding], dtype=np.float32), top_k, query_meta)
+        from haystack.errors import FilterError
+
+        try:
+            results = self.search_batch(np.asarray([query_embedding], dtype=np.float32), top_k, query_meta, filters)
+        except FilterError as error:
+            raise ConfigError(f"bad filters {filters!r}: {error}; see Haystack's metadata filtering, e.g. "
+                              '{"field": "meta.file", "operator": "==", "value": "notes.pdf"}') from None
         return {"documents": results[0]}
 
     def search_batch(self, query_embeddings: np.ndarray, top_k: int | None = None,
-                     query_meta: dict[str, Any] | None = None) -> list[list[Document]]:
+                     query_meta: dict[str, Any] | None = None,
+                     filters: dict[str, Any] | None = None) -> list[list[Document]]:
         """Retrieve for many queries at once: query_embeddings (m, dim) -> m lists of Documents."""
         top_k = _check_top_k(self.top_k if top_k is None else top_k)
         queries = np.asarray(query_embeddings, dtype=np.float32)
-        scores, rows = self.document_store.search(queries, top_k)  # (m, k), (m, k)
+        scores, rows = self.document_store.search(queries, top_k, filters)  # (m, k), (m, k)
         query_norms = np.linalg.norm(queries, axis=1)  # (m,)
         query_raw_norm = (query_meta or {}).get("raw_norm")
         results = []

@@ -82,6 +82,9 @@ async def json_body(request: Request, max_bytes: int = MAX_BODY_BYTES) -> dict[s
         chunks.append(chunk)
     try:
         body = json.loads(b"".join(chunks))
+    except RecursionError:  # nested deeper than the parser's stack (e.g. 30,000 levels): malformed for us too
+        raise RequestError("the request body is nested too deeply; send a flat JSON object, e.g. "
+                           "{\"question\": \"Who wrote Hamlet?\"}", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError):
         raise RequestError("the request body is not valid JSON; send e.g. {\"question\": \"Who wrote Hamlet?\"}",
                            code="invalid_json") from None

@@ -28,13 +28,41 @@ def first_answer(outputs: dict[str, Any], source: str = "the pipeline") -> Any:
     return answers[0]
 
 
-def source_reports(documents: list | None) -> list[dict[str, Any]]:
-    """Ranked sources with their score parts, as ``rag-mag ask --json`` prints them."""
+EXCERPT_CHARS = 240
+
+
+def excerpt(text: str, answer: str | None = None, width: int = EXCERPT_CHARS) -> tuple[str, list[int] | None]:
+    """About ``width`` characters of ``text`` (whitespace collapsed) around the first place the answer occurs
+    in it (case-insensitive), and the answer's ``[start, end)`` in that excerpt; the passage's start and
+    ``None`` when the answer is not in the passage."""
+    flat = " ".join((text or "").split())
+    needle = " ".join((answer or "").split()).lower()
+    found = flat.lower().find(needle) if len(needle) >= 1 else -1
+    if found < 0:
+        return (flat if len(flat) <= width else flat[:width].rsplit(" ", 1)[0] + " ..."), None
+    start = max(0, found - (width - len(needle)) // 2)
+    if start:
+        start = flat.find(" ", start) + 1 or start  # begin at a word
+    end = min(len(flat), max(start + width, found + len(needle)))
+    if end < len(flat):
+        end = max(found + len(needle), flat.rfind(" ", 0, end))
+    prefix, suffix = ("... " if start else ""), (" ..." if end < len(flat) else "")
+    snippet = prefix + flat[start:end] + suffix
+    offset = len(prefix) + found - start
+    return snippet, [offset, offset + len(needle)]
+
+
+def source_reports(documents: list | None, answer: str | None = None) -> list[dict[str, Any]]:
+    """Ranked sources with their score parts and citation (file, page, heading, an excerpt with the answer's
+    span where the passage holds it), as ``rag-mag ask --json`` prints them."""
     sources = []
     for rank, document in enumerate(documents or [], start=1):
         meta = document.meta or {}
+        snippet, span = excerpt(document.content or "", answer)
         sources.append({
             "rank": rank, "id": document.id, "title": meta.get("title", ""), "text": document.content,
+            "file": meta.get("file"), "page": meta.get("page"), "heading": meta.get("heading"),
+            "excerpt": snippet, "answer_span": span,
             "score": document.score, "cosine": meta.get("cosine"), "query_norm": meta.get("query_norm"),
             "document_norm": meta.get("document_norm"), "query_raw_norm": meta.get("query_raw_norm"),
             "document_raw_norm": meta.get("document_raw_norm"), "hop": meta.get("hop"),
@@ -42,7 +70,15 @@ def source_reports(documents: list | None) -> list[dict[str, Any]]:
     return sources
 
 
+def citation(source: dict[str, Any]) -> str:
+    """``notes/a.pdf, page 2`` for a file's chunk; the title (or id) for a corpus passage."""
+    if not source.get("file"):
+        return str(source.get("title") or source.get("id"))
+    return f"{source['file']}, page {source['page']}" if source.get("page") else str(source["file"])
+
+
 def answer_report(question: str, answer: Any, queries: list[str] | None = None) -> dict[str, Any]:
     """The answer (a ``GeneratedAnswer``) and its sources as plain data."""
-    return {"question": question, "answer": (answer.data or "").strip(), "queries": queries,
-            "sources": source_reports(answer.documents)}
+    text = (answer.data or "").strip()
+    return {"question": question, "answer": text, "queries": queries,
+            "sources": source_reports(answer.documents, text)}

@@ -76,6 +76,8 @@ def local_overrides(built: dict[str, Path], name: str) -> dict[str, object]:
                 "out": str(built["root"] / "other-index")}
     if name == "reader":
         return {}
+    if name == "index_files":
+        return {"retriever": str(built["checkpoint"]), "out": str(built["root"] / "files-index")}
     if name == "rag_qdrant":  # the Qdrant folder is opened on first use only (tests/unit/test_vector_db.py runs it)
         return {"retriever": str(built["checkpoint"]), "qdrant": str(built["root"] / "qdrant")}
     return {"retriever": str(built["checkpoint"]), "index": str(built["index"])}
@@ -87,7 +89,8 @@ def canonical(data: dict) -> dict:
 
 
 def test_every_shipped_pipeline_round_trips(built):
-    assert {p.stem for p in PIPELINE_FILES} >= {"indexing", "rag", "rag_multihop", "retrieve", "reader", "rag_qdrant"}
+    assert {p.stem for p in PIPELINE_FILES} >= {"indexing", "index_files", "rag", "rag_multihop", "retrieve", "reader",
+                                                  "rag_qdrant"}
     for path in PIPELINE_FILES:
         pipeline = load_pipeline(path, local_overrides(built, path.stem))
         again = Pipeline.loads(pipeline.dumps(), allowed_modules=ALLOWED_MODULES)
