@@ -42,6 +42,15 @@ from rag_mag.errors import CheckpointError, DataError
 logger = logging.getLogger(__name__)
 
 
+def document_record(document: Document) -> dict[str, Any]:
+    """``document.to_dict(flatten=False)`` for a stored Document (no embedding, blob or sparse embedding), built
+    directly: Haystack's deep copy took 0.44 s of a 3,316-chunk save, most of an incremental re-index's write."""
+    if document.blob is not None or document.sparse_embedding is not None or document.embedding is not None:
+        return document.to_dict(flatten=False)
+    return {"id": document.id, "content": document.content, "blob": None, "meta": document.meta,
+            "score": document.score, "embedding": None, "sparse_embedding": None}
+
+
 class FAISSDocumentStore:
     """A Haystack DocumentStore (write, count, filter, delete) searched by FAISS inner product.
 
@@ -144,7 +153,7 @@ class FAISSDocumentStore:
         if not target:
             raise ValueError("FAISSDocumentStore.save needs a path: give one or construct the store with path=...")
         self._ensure_loaded()
-        records = [document.to_dict(flatten=False) for document in self._documents]
+        records = [document_record(document) for document in self._documents]
         faiss_index.write_folder(Path(target), self.faiss_index() if self._documents else None,
                                  [d.id for d in self._documents], records, self.manifest)
         self._unsaved = False

@@ -184,12 +184,14 @@ def _add_ask_routes(app: FastAPI, service: DemoService, max_body_bytes: int) -> 
     @app.post("/api/ask")
     async def ask(request: Request) -> dict[str, Any]:
         body = await json_body(request, max_body_bytes)
-        return await service.ask(body.get("question"), body.get("index"), body.get("top_k"))
+        return await service.ask(body.get("question"), body.get("index"), body.get("top_k"),
+                                 filters=body.get("filters"))
 
     @app.post("/api/ask/stream")
     async def ask_stream(request: Request) -> StreamingResponse:
         body = await json_body(request, max_body_bytes)
-        events = await primed(service.stream(body.get("question"), body.get("index"), body.get("top_k")))
+        events = await primed(service.stream(body.get("question"), body.get("index"), body.get("top_k"),
+                                             filters=body.get("filters")))
         return StreamingResponse(event_lines(events), media_type="text/event-stream", headers=SSE_HEADERS)
 
 

@@ -45,7 +45,7 @@ def open_stream(service: DemoService, body: dict[str, Any]) -> AsyncIterator[Eve
         raise RequestError("the request body must be a JSON object")
     return service.stream(question_of(body), body.get("model"), body.get("top_k"),
                           max_tokens=body.get("max_completion_tokens", body.get("max_tokens")),
-                          temperature=body.get("temperature"))
+                          temperature=body.get("temperature"), filters=body.get("filters"))
 
 
 def as_model_error(error: RequestError) -> RequestError:

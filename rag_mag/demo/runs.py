@@ -31,8 +31,10 @@ class PipelineRun:
     ``queued`` when it began to wait for a free slot (for the time it waited)."""
 
     def __init__(self, loaded: LoadedIndex, question: str, top_k: int, generation_kwargs: dict[str, Any],
-                 *, started: float | None = None, queued: float | None = None) -> None:
+                 *, started: float | None = None, queued: float | None = None,
+                 filters: dict[str, Any] | None = None) -> None:
         self.loaded = loaded
+        self.filters = filters
         self.question = question
         self.top_k = top_k
         self.generation_kwargs = generation_kwargs
@@ -48,6 +50,8 @@ class PipelineRun:
         inputs = question_inputs(self.loaded.pipeline, self.question)
         for name in self.loaded.retrievers:
             inputs.setdefault(name, {})["top_k"] = self.top_k
+            if self.filters:
+                inputs[name]["filters"] = self.filters
         for name in self.loaded.answer_generators:
             inputs.setdefault(name, {}).update(streaming_callback=on_chunk, generation_kwargs=self.generation_kwargs)
         return inputs

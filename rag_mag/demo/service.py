@@ -88,6 +88,25 @@ class DemoService:
         return question, loaded, top_k
 
     @staticmethod
+    def check_filters(filters: Any) -> dict[str, Any] | None:
+        """Haystack metadata filters of a request (e.g. on ``meta.file``), checked before the pipeline runs."""
+        if filters is None:
+            return None
+        from haystack import Document
+        from haystack.errors import FilterError
+        from haystack.utils.filters import document_matches_filter
+
+        if not isinstance(filters, dict):
+            raise RequestError(f"filters must be a Haystack filter object, got {type(filters).__name__}; e.g. "
+                               '{"field": "meta.file", "operator": "==", "value": "notes.pdf"}', param="filters")
+        try:
+            document_matches_filter(filters, Document(content=""))
+        except (FilterError, TypeError, ValueError, KeyError, AttributeError) as error:
+            raise RequestError(f"bad filters: {error}; e.g. {{\"field\": \"meta.file\", \"operator\": \"in\", "
+                               f"\"value\": [\"notes.pdf\"]}}", param="filters") from None
+        return filters
+
+    @staticmethod
     def generation_kwargs(max_tokens: Any = None, temperature: Any = None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"stream_options": {"include_usage": True}}
         if max_tokens is not None:
@@ -134,18 +153,20 @@ class DemoService:
 
     # ------------------------------------------------------------------------------ answering
     async def stream(self, question: Any, index: Any = None, top_k: Any = None, *, max_tokens: Any = None,
-                     temperature: Any = None) -> AsyncIterator[Event]:
+                     temperature: Any = None, filters: Any = None) -> AsyncIterator[Event]:
         """Validate, then yield ``sources`` (each retrieval round), ``token``s, and one final ``done`` event.
 
         Raises RequestError (bad request, busy), ServerNotRunningError (vLLM down) or another RagMagError.
         """
         question, loaded, top_k = self.validate(question, index, top_k)
+        filters = self.check_filters(filters)
         generation_kwargs = self.generation_kwargs(max_tokens, temperature)
         started = time.perf_counter()
         await self.check_llm()
         queued = time.perf_counter()
         async with self._slot():
-            run = runs.PipelineRun(loaded, question, top_k, generation_kwargs, started=started, queued=queued)
+            run = runs.PipelineRun(loaded, question, top_k, generation_kwargs, started=started, queued=queued,
+                                   filters=filters)
             try:
                 async for event in run.events():
                     yield event

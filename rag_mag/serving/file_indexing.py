@@ -31,7 +31,7 @@ from typing import Any
 from rag_mag import durable
 from rag_mag.components.checkpoints import checkpoint_fingerprint
 from rag_mag.errors import ConfigError, DataError
-from rag_mag.serving.files import DEFAULT_MAX_FILE_MB, FoundFile, Scan, find_files, read_file
+from rag_mag.serving.files import DEFAULT_MAX_FILE_MB, FoundFile, Scan, content_problem, find_files, read_file
 
 logger = logging.getLogger(__name__)
 
@@ -123,20 +123,20 @@ def make_plan(store, scan: Scan, chunking: str, checkpoint: str, max_bytes: int)
         plan.checkpoint_changed = (old_checkpoint, checkpoint)
     streams, found_names = {}, set()
     for found in scan.files:
-        stream, reason = read_file(found, max_bytes)
         found_names.add(found.name)
-        if stream is None:
-            plan.skipped.append((str(found.path), reason))
-            if found.name in indexed:  # a file that went bad keeps nothing stale in the index
-                plan.removed.append(found.name)
-            continue
+        stream, reason = read_file(found, max_bytes)
         before = (indexed.get(found.name) or [None])[0]
         meta = before.meta if before is not None else {}
-        same = (before is not None and not plan.checkpoint_changed and meta.get("file_sha256") ==
-                stream.meta["file_sha256"] and meta.get("chunking") == chunking and meta.get("folder") ==
-                stream.meta["folder"])
-        if same:
-            plan.unchanged.append(found.name)
+        if stream is not None and before is not None and not plan.checkpoint_changed and (
+                meta.get("file_sha256"), meta.get("chunking"), meta.get("folder")) == (
+                stream.meta["file_sha256"], chunking, stream.meta["folder"]):
+            plan.unchanged.append(found.name)  # its content was checked when it went in
+            continue
+        reason = reason or content_problem(stream)
+        if reason:
+            plan.skipped.append((str(found.path), reason))
+            if before is not None:  # a file that went bad keeps nothing stale in the index
+                plan.removed.append(found.name)
             continue
         (plan.changed if before is not None else plan.added).append(found)
         streams[found.name] = stream
@@ -180,6 +180,11 @@ def encode_files(pipeline, store, plan: FilePlan, streams: dict, progress: bool,
                 reason = ("no text: a scanned PDF has no text layer (run OCR on it first, e.g. ocrmypdf)"
                           if found.path.suffix.lower() == ".pdf" else "no text after conversion")
                 plan.skipped.append((str(found.path), reason))
+                if found in plan.added:
+                    plan.added.remove(found)
+                else:  # its old chunks were deleted above: it left the index
+                    plan.changed.remove(found)
+                    plan.removed.append(found.name)
         since_save += len(batch)
         if since_save >= save_every_files:
             store.flush()

@@ -148,7 +148,9 @@ def _docx_problem(data: bytes) -> str | None:
 
 
 def read_file(found: FoundFile, max_bytes: int):
-    """``(ByteStream, None)`` for a file fit to convert, else ``(None, reason)``: one line saying what is wrong."""
+    """``(ByteStream, None)`` for a file that can be read, else ``(None, reason)``: one line saying what is wrong.
+
+    The content is not checked yet: ``content_problem`` does that, for the files that are new or changed."""
     from haystack.dataclasses import ByteStream
 
     mime_type = FILE_TYPES.get(found.path.suffix.lower())
@@ -165,16 +167,18 @@ def read_file(found: FoundFile, max_bytes: int):
         data = found.path.read_bytes()
     except OSError as error:
         return None, _os_reason(error)
-    if not data.strip():
-        return None, "empty file (only whitespace)"
-    if mime_type in TEXT_TYPES:
-        problem = _text_problem(data)
-    elif mime_type == "application/pdf":
-        problem = _pdf_problem(data)
-    else:
-        problem = _docx_problem(data)
-    if problem:
-        return None, problem
     meta = {"file": found.name, "folder": str(found.folder), "file_sha256": hashlib.sha256(data).hexdigest(),
             "title": PurePosixPath(found.name).stem}
     return ByteStream(data=data, mime_type=mime_type, meta=meta), None
+
+
+def content_problem(stream) -> str | None:
+    """What is wrong with a file's content for its converter (one line), or None."""
+    data = stream.data
+    if not data.strip():
+        return "empty file (only whitespace)"
+    if stream.mime_type in TEXT_TYPES:
+        return _text_problem(data)
+    if stream.mime_type == "application/pdf":
+        return _pdf_problem(data)
+    return _docx_problem(data)

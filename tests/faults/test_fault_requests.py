@@ -85,6 +85,15 @@ def test_an_oversized_body_without_a_length_is_413_too(client, fault_case):
     fault_case.clear_error()
 
 
+@pytest.mark.parametrize("path", ["/api/ask", "/v1/chat/completions"])
+def test_a_body_nested_too_deeply_is_400(client, path, fault_case):
+    body = "[" * 30_000 + "]" * 30_000  # 60 kB, under the size limit; deeper than the JSON parser's stack
+    message = refused(client.post(path, content=body, headers={"content-type": "application/json"}), 400,
+                      "invalid_json")
+    assert "nested too deeply" in message
+    fault_case.clear_error()
+
+
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
                                           None])
 def test_a_body_that_is_not_declared_json_is_415(client, content_type, fault_case):

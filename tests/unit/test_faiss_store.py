@@ -217,8 +217,10 @@ def test_retriever_validation(tmp_path):
     store = FAISSDocumentStore()
     store.write_documents([Document(id="a", content="a", embedding=[1.0, 0.0])])
     retriever = FAISSEmbeddingRetriever(document_store=store)
-    with pytest.raises(ConfigError, match="filters"):
-        retriever.run(query_embedding=[1.0, 0.0], filters={"field": "meta.x", "operator": "==", "value": 1})
+    assert retriever.run(query_embedding=[1.0, 0.0], filters={"field": "meta.x", "operator": "==",
+                                                              "value": 1})["documents"] == []
+    with pytest.raises(ConfigError, match="bad filters"):
+        retriever.run(query_embedding=[1.0, 0.0], filters={"field": "meta.x", "operator": "~~", "value": 1})
     with pytest.raises(DataError, match="dimension"):
         retriever.run(query_embedding=[1.0, 0.0, 1.0])
     assert len(retriever.run(query_embedding=[1.0, 0.0], top_k=5)["documents"]) == 1

@@ -186,7 +186,10 @@ function sourceItem(source, normScale, others) {
   if (others.some((other) => other.ranks.get(source.id) !== source.rank)) elsewhere.classList.add("moved");
   item.querySelector(".rank").textContent = String(source.rank);
   // Wikipedia titles of some datasets come wrapped in quotes: "History of the Quakers".
-  item.querySelector(".title").textContent = (source.title || source.id).replace(/^"(.*)"$/, "$1");
+  // A file's chunk is cited by file and page; a corpus passage by its (Wikipedia) title, some wrapped in quotes.
+  item.querySelector(".title").textContent = source.file
+    ? (source.page ? `${source.file}, page ${source.page}` : source.file)
+    : (source.title || source.id).replace(/^"(.*)"$/, "$1");
   item.querySelector(".score").textContent = number(source.score);
   const cosine = typeof source.cosine === "number" ? source.cosine : 0;
   const norm = typeof source.document_norm === "number" ? source.document_norm : 0;
@@ -197,7 +200,15 @@ function sourceItem(source, normScale, others) {
   item.querySelector(".formula").textContent =
     `${number(source.score)} = cos ${number(source.cosine)} × |q| ${number(source.query_norm)} × |d| ${number(source.document_norm)}`;
   const text = item.querySelector(".text");
-  text.textContent = source.text || "";
+  text.textContent = "";
+  if (source.answer_span && source.excerpt) {  // the answer's words, marked where the passage holds them
+    const [start, end] = source.answer_span;
+    const mark = document.createElement("mark");
+    mark.textContent = source.excerpt.slice(start, end);
+    text.append(source.excerpt.slice(0, start), mark, source.excerpt.slice(end));
+  } else {
+    text.textContent = source.text || "";
+  }
   text.addEventListener("click", () => text.classList.toggle("open"));
   return item;
 }
