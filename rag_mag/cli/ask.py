@@ -25,6 +25,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="index folder (from `rag-mag index`); for pipelines that read a FAISS index")
     parser.add_argument("--qdrant", default=str(default_qdrant_dir()), metavar="DIR",
                         help="embedded Qdrant folder (from `rag-mag export-index`); for pipelines/rag_qdrant.yaml")
+    parser.add_argument("--table", default="rag_mag_default",
+                        help="PostgreSQL table; for pipelines on pgvector (pipelines/rag_pgvector.yaml)")
+    parser.add_argument("--pg-url", default=None, help="PostgreSQL URL for pgvector pipelines (default: "
+                        "$RAG_MAG_PG_URL, else the server of `rag-mag db start`, started if none runs)")
     parser.add_argument("--retriever", default=str(default_retriever_dir()),
                         help="retriever checkpoint the index was built with")
     parser.add_argument("--pipeline", default=str(default_pipeline("rag")),
@@ -43,36 +47,56 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.serving.answers import answer_report, first_answer
-    from rag_mag.serving.pipelines import (
-        load_pipeline,
-        named_outputs,
-        parse_overrides,
-        question_inputs,
-        read_pipeline_dict,
-        run_pipeline,
-    )
-    from rag_mag.serving.source_filters import indexed_files, source_filter, with_filters
+    import contextlib
+
+    from rag_mag.serving import pgvector
+    from rag_mag.serving.pipelines import read_pipeline_dict
 
     question = args.question.strip()
     if not question:
         raise ConfigError("the question is empty; ask a question, e.g. rag-mag ask \"Who wrote Hamlet?\"")
     if args.top_k is not None and args.top_k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {args.top_k}")
+    data = read_pipeline_dict(args.pipeline)
+    overrides = _overrides(args, data)
+    uses_postgres = bool(pgvector.pipeline_stores(data))
+    with pgvector.using_server(args.pg_url) if uses_postgres else contextlib.nullcontext() as url:
+        if uses_postgres:
+            from rag_mag.components.checkpoints import checkpoint_fingerprint
+
+            pgvector.check_table(url, args.table, checkpoint_fingerprint(args.retriever))
+        report = _answer(args, question, overrides)
+    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
+    return 0
+
+
+def _overrides(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline parameters the flags set; --index, --qdrant and --table only where the pipeline has them."""
+    from rag_mag.serving import pgvector
+    from rag_mag.serving.pipelines import parse_overrides
+
     overrides: dict[str, Any] = {"retriever": args.retriever}
-    # --index and --qdrant have defaults: each goes only to pipelines that declare it (rag_qdrant.yaml: qdrant)
-    declared = ((read_pipeline_dict(args.pipeline).get("metadata") or {}).get("rag_mag") or {}).get("parameters")
+    declared = ((data.get("metadata") or {}).get("rag_mag") or {}).get("parameters") or {}
     for name, value in (("index", args.index), ("qdrant", args.qdrant)):
-        if name in (declared or {}):
+        if name in declared:
             overrides[name] = value
     if "qdrant" in overrides and not Path(overrides["qdrant"]).is_dir():  # Qdrant would open an empty collection
         raise CheckpointError(f"no Qdrant folder at {overrides['qdrant']}; copy an index into it with "
                               f"`rag-mag export-index INDEX_DIR --qdrant {overrides['qdrant']}`")
+    overrides.update(pgvector.table_overrides(data, pgvector.check_table_name(args.table)))
     if args.top_k is not None:
         overrides["top_k"] = args.top_k
     if args.llm_url:
         overrides["llm_url"] = args.llm_url
     overrides.update(parse_overrides(args.overrides))
+    return overrides
+
+
+def _answer(args: argparse.Namespace, question: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    from rag_mag.serving.answers import answer_report, first_answer
+    from rag_mag.serving.pipelines import load_pipeline, named_outputs, question_inputs, run_pipeline
+    from rag_mag.serving.source_filters import indexed_files, source_filter, with_filters
+
     pipeline = load_pipeline(args.pipeline, overrides, preflight=True)
     inputs = question_inputs(pipeline, question)
     if args.source:
@@ -80,9 +104,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_pipeline(pipeline, inputs)
     outputs = named_outputs(pipeline, result)
     answer = first_answer(outputs, source=f"pipeline {args.pipeline}")
-    report = answer_report(question, answer, outputs.get("queries"))
-    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
-    return 0
+    return answer_report(question, answer, outputs.get("queries"))
 
 
 def _number(value: Any, digits: int = 3) -> str:

@@ -29,6 +29,7 @@ COMMANDS = {
     "ask": "ask",
     "run": "run_pipeline",
     "serve-llm": "serve_llm",
+    "db": "db",
     "serve": "serve",
     "bench": "bench",
     "crossover": "crossover",

@@ -30,6 +30,10 @@ def indexed_files(pipeline) -> list[str]:
         store = getattr(pipeline.get_component(name), "document_store", None)
         if store is not None and hasattr(store, "files"):
             return sorted(store.files("file"))
+        if store is not None and hasattr(store, "table_name"):  # a PostgreSQL table
+            from rag_mag.serving.pgvector import table_files
+
+            return table_files(store.table_name)
     return []
 
 
