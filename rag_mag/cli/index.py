@@ -57,6 +57,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "write nothing")
     parser.add_argument("--remove", nargs="+", metavar="FILE",
                         help="drop these files (their names in the index, or globs) from the index at --out")
+    parser.add_argument("--store", choices=["faiss", "pgvector"], default="faiss",
+                        help="for PATHs: a FAISS index folder (--out), or a PostgreSQL table (--table; one "
+                             "transaction per file; the server of `rag-mag db start`, started if none runs, or "
+                             "$RAG_MAG_PG_URL / --pg-url)")
+    parser.add_argument("--table", default=None, help="PostgreSQL table for --store pgvector (default: "
+                        "rag_mag_default, the one pipelines/rag_pgvector.yaml reads)")
+    parser.add_argument("--pg-url", default=None, help="PostgreSQL URL for --store pgvector (default: "
+                        "$RAG_MAG_PG_URL, else the server of `rag-mag db start`)")
     parser.add_argument("--pipeline", default=None, help="indexing pipeline YAML for PATHs (default: "
                         "pipelines/index_files.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
@@ -124,11 +132,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_files(args: argparse.Namespace) -> int:
-    """``rag-mag index PATH... --out DIR``: the incremental files path."""
-    import sys
+def _target(args: argparse.Namespace):
+    """The lock and the place a files run writes: the index folder --out, or a PostgreSQL table (--store
+    pgvector; the table's own advisory lock keeps other writers out, on any machine)."""
+    import contextlib
 
     from rag_mag import durable
+    from rag_mag.serving import pgvector
+
+    if args.store == "pgvector":
+        table = pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)
+        return pgvector.using_server(args.pg_url), table
+    if args.table or args.pg_url:
+        raise ConfigError("--table and --pg-url are for --store pgvector")
+    out = Path(args.out)
+    return contextlib.ExitStack() if args.dry_run else durable.job_lock(durable.lock_path(out),
+                                                                        f"the index {out}"), None
+
+
+def run_files(args: argparse.Namespace) -> int:
+    """``rag-mag index PATH... --out DIR`` (or ``--store pgvector``): the incremental files path."""
+    import sys
+
     from rag_mag.serving.file_indexing import index_files
     from rag_mag.serving.pipelines import parse_overrides
 
@@ -140,11 +165,12 @@ def run_files(args: argparse.Namespace) -> int:
             overrides[name] = getattr(args, name)
     if args.index_type != "flat":
         overrides["index_type"] = args.index_type
-    out = Path(args.out)
-    with durable.job_lock(durable.lock_path(out), f"the index {out}"):
-        summary = index_files(args.paths, out, Path(args.retriever), include=args.include, exclude=args.exclude,
-                              overrides=overrides, max_file_mb=args.max_file_mb, dry_run=args.dry_run,
-                              pipeline_path=args.pipeline)
+    context, table = _target(args)
+    with context as url:
+        summary = index_files(args.paths, Path(args.out), Path(args.retriever), include=args.include,
+                              exclude=args.exclude, overrides=overrides, max_file_mb=args.max_file_mb,
+                              dry_run=args.dry_run, pipeline_path=args.pipeline, table=table,
+                              pg_url=url if table else None)
     for path, reason in summary.plan.skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)
     if args.dry_run:
@@ -160,12 +186,12 @@ def run_files(args: argparse.Namespace) -> int:
 
 
 def run_remove(args: argparse.Namespace) -> int:
-    """``rag-mag index --remove FILE... --out DIR``."""
-    from rag_mag import durable
+    """``rag-mag index --remove FILE... --out DIR`` (or ``--store pgvector [--table T]``)."""
     from rag_mag.serving.file_indexing import remove_files
 
-    out = Path(args.out)
-    with durable.job_lock(durable.lock_path(out), f"the index {out}"):
-        names, chunks = remove_files(out, args.remove)
-    print(f"removed {len(names)} file(s) and {chunks} chunks from {out}: {', '.join(names)}")
+    context, table = _target(args)
+    with context as url:
+        names, chunks = remove_files(Path(args.out), args.remove, table=table, pg_url=url if table else None)
+    print(f"removed {len(names)} file(s) and {chunks} chunks from {f'table {table}' if table else args.out}: "
+          f"{', '.join(names)}")
     return 0

@@ -23,12 +23,11 @@ import fnmatch
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_mag import durable
 from rag_mag.components.checkpoints import checkpoint_fingerprint
 from rag_mag.errors import ConfigError, DataError
 from rag_mag.serving.files import DEFAULT_MAX_FILE_MB, FoundFile, Scan, content_problem, find_files, read_file
@@ -96,29 +95,27 @@ class FileIndexSummary:
 
 
 def load_files_pipeline(out: Path, retriever: Path, overrides: dict[str, Any] | None = None,
-                        pipeline_path: str | os.PathLike | None = None):
-    """pipelines/index_files.yaml (or another with the same writer), pointed at ``out`` and ``retriever``."""
-    from rag_mag.serving.pipelines import default_pipeline, load_pipeline
+                        pipeline_path: str | os.PathLike | None = None, writer=None):
+    """pipelines/index_files.yaml (or another with a writer), pointed at ``out`` and ``retriever``, with the
+    ``writer`` instance given (the staging writer) instead of its own; and the dict of its own writer's store."""
+    from rag_mag.serving.pipelines import apply_overrides, build_pipeline, default_pipeline, read_pipeline_dict
 
-    settings = {"out": str(out), "retriever": str(retriever), **(overrides or {})}
-    return load_pipeline(pipeline_path or default_pipeline(FILES_PIPELINE), settings)
-
-
-def _store_of(pipeline):
-    writer = pipeline.get_component("writer") if "writer" in pipeline.graph.nodes else None
-    store = getattr(writer, "document_store", None)
-    if store is None or not hasattr(store, "files"):
-        raise ConfigError("the indexing pipeline needs a component named 'writer' whose document_store is a "
-                          "rag-mag FAISSDocumentStore (see pipelines/index_files.yaml)")
-    return store
+    path = pipeline_path or default_pipeline(FILES_PIPELINE)
+    data = apply_overrides(read_pipeline_dict(path), {"out": str(out), "retriever": str(retriever),
+                                                      **(overrides or {})})
+    store = ((data["components"].get("writer") or {}).get("init_parameters") or {}).get("document_store")
+    if not isinstance(store, dict) or not str(store.get("type", "")).endswith("FAISSDocumentStore"):
+        raise ConfigError(f"{path} needs a component named 'writer' whose document_store is a rag-mag "
+                          "FAISSDocumentStore (see pipelines/index_files.yaml)")
+    return build_pipeline(data, source=str(path), components={"writer": writer} if writer else None), store
 
 
-def make_plan(store, scan: Scan, chunking: str, checkpoint: str, max_bytes: int) -> tuple[FilePlan, dict]:
+def make_plan(target, scan: Scan, chunking: str, checkpoint: str, max_bytes: int) -> tuple[FilePlan, dict]:
     """Compare what ``scan`` found with the index: the plan, and the ByteStreams of the files to encode."""
     plan = FilePlan(skipped=list(scan.refused))
-    indexed = store.files("file")
+    indexed = target.files()
     plan.old_chunks = {name: [d.id for d in docs] for name, docs in indexed.items()}
-    old_checkpoint = store.manifest.get("checkpoint") if indexed else None
+    old_checkpoint = target.checkpoint if indexed else None
     if old_checkpoint and old_checkpoint != checkpoint:
         plan.checkpoint_changed = (old_checkpoint, checkpoint)
     streams, found_names = {}, set()
@@ -153,92 +150,126 @@ def _batches(items: list, size: int) -> Iterator[list]:
         yield items[first:first + size]
 
 
-def encode_files(pipeline, store, plan: FilePlan, streams: dict, progress: bool,
-                 save_every_files: int = SAVE_EVERY_FILES) -> tuple[int, int]:
-    """Delete what goes, run the pipeline on the files that come, save periodically: (encoded, removed) chunks."""
+def _no_text(plan: FilePlan, found: FoundFile) -> None:
+    """A file that converted to no text: skipped with its reason; if it was indexed, it leaves the index."""
+    reason = ("no text: a scanned PDF has no text layer (run OCR on it first, e.g. ocrmypdf)"
+              if found.path.suffix.lower() == ".pdf" else "no text after conversion")
+    plan.skipped.append((str(found.path), reason))
+    if found in plan.added:
+        plan.added.remove(found)
+    else:
+        plan.changed.remove(found)
+        plan.removed.append(found.name)
+
+
+def encode_files(pipeline, writer, target, plan: FilePlan, streams: dict, progress: bool,
+                 save_every_files: int = SAVE_EVERY_FILES,
+                 on_progress: Callable[[int, int, int], None] | None = None) -> tuple[int, int]:
+    """Remove what goes, run the pipeline on the files that come and hand each file's chunks to the target:
+    (encoded, removed) chunks. ``on_progress(files_done, files_total, chunks_encoded)`` is called before the
+    first batch and after each."""
     from tqdm.auto import tqdm
+
+    from rag_mag.serving.file_targets import take_staged
 
     removed = 0
     if plan.checkpoint_changed:  # no vector of the old checkpoint may stay beside the new ones
         every = [doc_id for ids in plan.old_chunks.values() for doc_id in ids]
-        store.delete_documents(every)
-        removed = len(every)
-    else:
-        going = [doc_id for name in plan.removed + [f.name for f in plan.changed]
-                 for doc_id in plan.old_chunks.get(name, [])]
-        store.delete_documents(going)
-        removed = len(going)
+        target.remove(every)
+        removed, plan.old_chunks = len(every), {}
+    for name in plan.removed:
+        target.remove(plan.old_chunks.get(name, []))
+        removed += len(plan.old_chunks.get(name, []))
     todo = plan.added + plan.changed
     bar = tqdm(total=len(todo), unit="file", desc="indexing files", disable=not progress)
-    encoded, since_save = 0, 0
+    encoded, since_save, done = 0, 0, 0
+    if on_progress:
+        on_progress(0, len(todo), 0)
     for batch in _batches(todo, FILES_PER_RUN):
-        result = pipeline.run({"router": {"sources": [streams[f.name] for f in batch]}})
-        encoded += result["writer"]["documents_written"]
-        written = {name for name in store.files("file")}
+        pipeline.run({"router": {"sources": [streams[f.name] for f in batch]}})
+        staged = take_staged(writer)
         for found in batch:
-            if found.name not in written:
-                reason = ("no text: a scanned PDF has no text layer (run OCR on it first, e.g. ocrmypdf)"
-                          if found.path.suffix.lower() == ".pdf" else "no text after conversion")
-                plan.skipped.append((str(found.path), reason))
-                if found in plan.added:
-                    plan.added.remove(found)
-                else:  # its old chunks were deleted above: it left the index
-                    plan.changed.remove(found)
-                    plan.removed.append(found.name)
+            old = plan.old_chunks.get(found.name, [])
+            if not staged.get(found.name):
+                _no_text(plan, found)
+                target.remove(old)
+            else:
+                target.replace(old, staged[found.name])
+                encoded += len(staged[found.name])
+            removed += len(old)
         since_save += len(batch)
         if since_save >= save_every_files:
-            store.flush()
+            target.checkpoint_save()
             since_save = 0
+        done += len(batch)
         bar.update(len(batch))
         bar.set_postfix(chunks=encoded)
+        if on_progress:
+            on_progress(done, len(todo), encoded)
     bar.close()
-    for path, reason in plan.skipped:
-        logger.debug("skipped %s: %s", path, reason)
     return encoded, removed
 
 
 def index_files(paths: list[str], out: Path, retriever: Path, *, include: list[str] | None = None,
                 exclude: list[str] | None = None, overrides: dict[str, Any] | None = None,
                 max_file_mb: float = DEFAULT_MAX_FILE_MB, dry_run: bool = False, progress: bool = True,
-                pipeline_path: str | None = None) -> FileIndexSummary:
-    """Bring the index at ``out`` up to date with the files under ``paths`` (the module doc says how)."""
+                pipeline_path: str | None = None, table: str | None = None, pg_url: str | None = None,
+                on_progress: Callable[[int, int, int], None] | None = None) -> FileIndexSummary:
+    """Bring the index at ``out`` (or, with ``table``, that PostgreSQL table at ``pg_url``) up to date with the
+    files under ``paths`` (the module doc says how).
+
+    ``on_progress(files_done, files_total, chunks_encoded)``: called as the new and changed files are encoded."""
+    from rag_mag.components.faiss_document_store import FAISSDocumentStore
+    from rag_mag.serving.file_targets import FaissTarget, PgTarget, staging_writer
+
     if max_file_mb <= 0:
         raise ConfigError(f"--max-file-mb must be positive, got {max_file_mb}")
     started = time.perf_counter()
     scan = find_files(paths, include, exclude)
-    pipeline = load_files_pipeline(out, retriever, overrides, pipeline_path)
-    store, splitter = _store_of(pipeline), pipeline.get_component("splitter")
+    writer = staging_writer()
+    pipeline, store_dict = load_files_pipeline(out, retriever, overrides, pipeline_path, writer)
+    target = PgTarget(pg_url, table) if table else FaissTarget(FAISSDocumentStore.from_dict(store_dict), out)
     checkpoint = checkpoint_fingerprint(retriever)
-    plan, streams = make_plan(store, scan, splitter.chunking, checkpoint, int(max_file_mb * 1e6))
-    if plan.checkpoint_changed:
-        logger.warning("the index %s was built with retriever checkpoint %s, this run uses %s: every file is "
-                       "encoded again and the old vectors are dropped", out, *plan.checkpoint_changed)
-    summary = FileIndexSummary(plan=plan, dry_run=dry_run)
-    if not dry_run and (plan.added or plan.changed or plan.removed):
-        with durable.disk_full_as_error(out, f"the index {out}"), store.deferred_saves():
-            summary.chunks_encoded, summary.chunks_removed = encode_files(pipeline, store, plan, streams, progress)
-    if not dry_run and not store.exists():
-        store.save()  # an index of no files yet is still an index: `ask` says it is empty instead of missing
-    summary.index_chunks = store.count_documents()
-    summary.index_files = len(store.files("file"))
+    with target.session():
+        plan, streams = make_plan(target, scan, pipeline.get_component("splitter").chunking, checkpoint,
+                                  int(max_file_mb * 1e6))
+        if plan.checkpoint_changed:
+            logger.warning("the %s was built with retriever checkpoint %s, this run uses %s: every file is encoded "
+                           "again and the old vectors are dropped", f"table {table}" if table else f"index {out}",
+                           *plan.checkpoint_changed)
+        summary = FileIndexSummary(plan=plan, dry_run=dry_run)
+        if not dry_run and (plan.added or plan.changed or plan.removed):
+            summary.chunks_encoded, summary.chunks_removed = encode_files(pipeline, writer, target, plan, streams,
+                                                                          progress, on_progress=on_progress)
+        if not dry_run:
+            target.finish()
+        summary.index_chunks = target.count()
+        summary.index_files = len(target.files())
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def remove_files(out: Path, patterns: list[str]) -> tuple[list[str], int]:
-    """Drop the files whose index name matches one of ``patterns`` (exact or glob): (files, chunks) removed."""
+def remove_files(out: Path, patterns: list[str], table: str | None = None,
+                 pg_url: str | None = None) -> tuple[list[str], int]:
+    """Drop the files whose index name matches one of ``patterns`` (exact or glob) from the index at ``out`` (or
+    the PostgreSQL ``table``): (files, chunks) removed."""
     from rag_mag.components.faiss_document_store import FAISSDocumentStore
     from rag_mag.components.faiss_index import is_index_folder
+    from rag_mag.serving.file_targets import FaissTarget, PgTarget
 
-    if not is_index_folder(out):
-        raise DataError(f"no index at {out}; build one with `rag-mag index FOLDER --out {out}`")
-    store = FAISSDocumentStore(path=str(out))
-    indexed = store.files("file")
-    names = sorted(name for name in indexed if any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns))
-    if not names:
-        listed = ", ".join(sorted(indexed)[:10]) or "none"
-        raise ConfigError(f"no file in the index {out} matches {' '.join(patterns)}; its files: {listed}"
-                          f"{' ...' if len(indexed) > 10 else ''}")
-    ids = [doc.id for name in names for doc in indexed[name]]
-    store.delete_documents(ids)  # saved atomically
+    if table:
+        target, where = PgTarget(pg_url, table), f"table {table}"
+    else:
+        if not is_index_folder(out):
+            raise DataError(f"no index at {out}; build one with `rag-mag index FOLDER --out {out}`")
+        target, where = FaissTarget(FAISSDocumentStore(path=str(out)), out), f"index {out}"
+    with target.session():
+        indexed = target.files()
+        names = sorted(name for name in indexed if any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns))
+        if not names:
+            listed = ", ".join(sorted(indexed)[:10]) or "none"
+            raise ConfigError(f"no file in the {where} matches {' '.join(patterns)}; its files: {listed}"
+                              f"{' ...' if len(indexed) > 10 else ''}")
+        ids = [doc.id for name in names for doc in indexed[name]]
+        target.remove(ids)
     return names, len(ids)
