@@ -105,9 +105,9 @@ class PgTarget:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        from rag_mag.serving.pgvector import table_lock
+        from rag_mag.serving.pgvector import connection_errors, table_lock
 
-        with table_lock(self.url, self.table):
+        with connection_errors(self.url, f"writing the table {self.table}"), table_lock(self.url, self.table):
             try:
                 yield
             finally:

@@ -119,6 +119,21 @@ def using_server(url: str | None = None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def connection_errors(url: str, what: str) -> Iterator[None]:
+    """A lost or refused connection inside the block becomes one line (``ServerNotRunningError``) naming the URL
+    without its password; what was committed before stays committed."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.OperationalError as error:
+        reason = " ".join(str(error).split()).replace(url, postgres.redact(url))[:200]
+        raise ServerNotRunningError(f"lost PostgreSQL at {postgres.redact(url)} while {what} ({reason}); what was "
+                                    "committed is kept: run the same command again once the server is back "
+                                    "(`rag-mag db start`)") from None
+
+
+@contextlib.contextmanager
 def table_lock(url: str, table: str) -> Iterator[None]:
     """Hold PostgreSQL's advisory lock of ``table`` while the block writes it; a second writer is refused at once
     (the lock lives in the server, so it holds across processes and machines, and dies with its connection)."""
@@ -137,7 +152,8 @@ def table_lock(url: str, table: str) -> Iterator[None]:
         try:
             yield
         finally:
-            connection.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+            with contextlib.suppress(psycopg.Error):  # a lost connection took the lock with it
+                connection.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
 
 
 # ------------------------------------------------------------------------------------------ tables
