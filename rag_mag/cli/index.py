@@ -21,7 +21,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.components.faiss_index import AUTO_APPROXIMATE_FROM, INDEX_TYPES
     from rag_mag.models import REPO_ROOT, default_retriever_dir
     from rag_mag.serving.file_indexing import EXIT_SKIPPED
-    from rag_mag.serving.files import DEFAULT_MAX_FILE_MB, supported_types
+    from rag_mag.serving.files import supported_types
     from rag_mag.serving.indexing import DEFAULT_CHUNK_SIZE
     from rag_mag.serving.pipelines import default_index_dir
 
@@ -41,35 +41,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "them. The same result as pipelines/indexing.yaml (`rag-mag run`), which holds everything "
                     "in memory.",
         formatter_class=DefaultsHelpFormatter)
-    parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help="files and folders to index (folders recursively; dot files are left out)")
-    parser.add_argument("--include", action="append", default=[], metavar="GLOB",
-                        help="index only files whose path (relative to its folder) or name matches (repeatable)")
-    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
-                        help="leave out files whose path or name matches (repeatable)")
-    parser.add_argument("--split-length", type=int, default=None,
-                        help="most words in a chunk, cut at sentence ends (default: the pipeline's, 100)")
-    parser.add_argument("--split-overlap", type=int, default=None,
-                        help="words a chunk repeats from the one before, whole sentences (default: the pipeline's, 20)")
-    parser.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB,
-                        help="larger files are skipped with a line")
-    parser.add_argument("--dry-run", action="store_true", help="print what would be added, changed and removed; "
-                        "write nothing")
-    parser.add_argument("--remove", nargs="+", metavar="FILE",
-                        help="drop these files (their names in the index, or globs) from the index at --out")
-    parser.add_argument("--store", choices=["faiss", "pgvector"], default="faiss",
-                        help="for PATHs: a FAISS index folder (--out), or a PostgreSQL table (--table; one "
-                             "transaction per file; the server of `rag-mag db start`, started if none runs, or "
-                             "$RAG_MAG_PG_URL / --pg-url)")
-    parser.add_argument("--table", default=None, help="PostgreSQL table for --store pgvector (default: "
-                        "rag_mag_default, the one pipelines/rag_pgvector.yaml reads)")
-    parser.add_argument("--pg-url", default=None, help="PostgreSQL URL for --store pgvector (default: "
-                        "$RAG_MAG_PG_URL, else the server of `rag-mag db start`)")
-    parser.add_argument("--pipeline", default=None, help="indexing pipeline YAML for PATHs (default: "
-                        "pipelines/index_files.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
-                        help="override a component parameter of the files pipeline (repeatable)")
-    parser.add_argument("--json", action="store_true", help="for PATHs: print the summary as JSON as well")
+    _add_file_arguments(parser)
     parser.add_argument("--retriever", default=str(default_retriever_dir()),
                         help="retriever checkpoint folder (written by `rag-mag train`)")
     parser.add_argument("--corpus", default=None,
@@ -101,6 +73,41 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "and sha256 in the manifest, the ids' count and order, documents against ids; exits 2 "
                              "on any mismatch")
     return parser
+
+
+def _add_file_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the files path (PATHs)."""
+    from rag_mag.serving.files import DEFAULT_MAX_FILE_MB
+
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="files and folders to index (folders recursively; dot files are left out)")
+    parser.add_argument("--include", action="append", default=[], metavar="GLOB",
+                        help="index only files whose path (relative to its folder) or name matches (repeatable)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                        help="leave out files whose path or name matches (repeatable)")
+    parser.add_argument("--split-length", type=int, default=None,
+                        help="most words in a chunk, cut at sentence ends (default: the pipeline's, 100)")
+    parser.add_argument("--split-overlap", type=int, default=None,
+                        help="words a chunk repeats from the one before, whole sentences (default: the pipeline's, 20)")
+    parser.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB,
+                        help="larger files are skipped with a line")
+    parser.add_argument("--dry-run", action="store_true", help="print what would be added, changed and removed; "
+                        "write nothing")
+    parser.add_argument("--remove", nargs="+", metavar="FILE",
+                        help="drop these files (their names in the index, or globs) from the index at --out")
+    parser.add_argument("--store", choices=["faiss", "pgvector"], default="faiss",
+                        help="for PATHs: a FAISS index folder (--out), or a PostgreSQL table (--table; one "
+                             "transaction per file; the server of `rag-mag db start`, started if none runs, or "
+                             "$RAG_MAG_PG_URL / --pg-url)")
+    parser.add_argument("--table", default=None, help="PostgreSQL table for --store pgvector (default: "
+                        "rag_mag_default, the one pipelines/rag_pgvector.yaml reads)")
+    parser.add_argument("--pg-url", default=None, help="PostgreSQL URL for --store pgvector (default: "
+                        "$RAG_MAG_PG_URL, else the server of `rag-mag db start`)")
+    parser.add_argument("--pipeline", default=None, help="indexing pipeline YAML for PATHs (default: "
+                        "pipelines/index_files.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
+                        help="override a component parameter of the files pipeline (repeatable)")
+    parser.add_argument("--json", action="store_true", help="for PATHs: print the summary as JSON as well")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,6 +22,16 @@ def _positive(value: str) -> int:
     return number
 
 
+def _megabytes(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of megabytes, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of megabytes, got {value}")
+    return number
+
+
 def _port(value: str) -> int:
     port = _positive(value)
     if port > 65535:
@@ -30,7 +40,7 @@ def _port(value: str) -> int:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from rag_mag.demo.service import DEFAULT_MAX_TOP_K
+    from rag_mag.demo.service import DEFAULT_MAX_TOP_K, DEFAULT_MAX_UPLOAD_MB
     from rag_mag.serving.pipelines import default_pipeline
 
     parser = subparsers.add_parser(
@@ -60,6 +70,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--max-top-k", type=_positive, default=DEFAULT_MAX_TOP_K,
                         help="largest top_k a request may ask for (default %(default)s; the prompt must fit the "
                              "model's context)")
+    parser.add_argument("--max-upload-mb", type=_megabytes, default=DEFAULT_MAX_UPLOAD_MB,
+                        help="largest file the page's documents panel accepts, in MB (default %(default)g); larger "
+                             "uploads are refused with 413")
     parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
                         help="a host name the demo answers to in Host and Origin headers, besides localhost, "
                              "127.0.0.1 and ::1 (repeatable; needed when --host binds another address and the page "
@@ -106,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = [load_index(spec, args.pipeline, url) for spec in specs]
         llm_preflight.check_pipeline_servers(loaded[0].pipeline)  # the served model is the one the pipeline names
         service = DemoService(loaded, url, max_concurrency=args.max_concurrency, max_waiting=args.max_waiting,
-                              max_top_k=args.max_top_k)
+                              max_top_k=args.max_top_k, max_upload_mb=args.max_upload_mb)
         logger.info("serving %s with %s; generation at %s", ", ".join(
             f"{item.spec.name} ({item.strategy}, {item.documents} passages)" for item in loaded), args.pipeline, url)
         logger.info("open http://%s:%d in a browser (Ctrl-C stops the demo)", args.host, args.port)

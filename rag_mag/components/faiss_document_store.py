@@ -135,6 +135,12 @@ class FAISSDocumentStore:
         self._checkpoint, self._strategy = manifest.get("checkpoint"), manifest.get("strategy")
         logger.info("loaded %d documents from index %s", len(self._documents), folder)
 
+    def reload(self) -> None:
+        """Read the index folder again on next use: another store instance (a re-index in a worker thread, another
+        process) saved it. Changes this store made but did not save are dropped."""
+        with self._load_lock:
+            self._loaded = False
+
     def exists(self) -> bool:
         """Whether an index is saved at ``path``."""
         return bool(self.path) and faiss_index.is_index_folder(Path(self.path))

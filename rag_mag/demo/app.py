@@ -8,14 +8,21 @@ Routes:
   POST /api/ask/stream        the same as server-sent events: sources, token..., done (or error)
   GET  /v1/models             the indexes as OpenAI "models"
   POST /v1/chat/completions   OpenAI chat completions (model = index; stream: true for SSE chunks)
+  GET    /api/documents?index=NAME            the index's files with their chunk counts, and the upload job
+  POST   /api/documents?index=NAME            multipart upload of files -> 202 {job}, indexed in the background
+  DELETE /api/documents?index=NAME&file=NAME  an uploaded file and its chunks -> 202 {job}
+  GET    /api/documents/jobs/{id}             an upload job's state and progress (rag_mag/demo/documents.py)
 
 Every error is JSON in OpenAI's shape, ``{"error": {"message", "type", "code", "param"}}``: 400/404 for a bad
-question, top_k or index, 503 when vLLM is down or the demo is busy, 502 when vLLM refuses a request.
+question, top_k or index, 503 when vLLM is down or the demo is busy, 502 when vLLM refuses a request; the
+documents routes add 403 (no X-RagMag-Upload header), 409, 413 and 415 (rag_mag/demo/documents.py).
 
 Requests are checked before anything else: a Host (and, when sent, Origin) that is not one of the allowed
 host names is refused with 403 (DNS rebinding, other web pages posting to the local demo); a POST body must be
 JSON (``Content-Type: application/json``, else 415, so no page can send it without a CORS preflight) and at
-most ``max_body_bytes`` long (else 413); see rag_mag/demo/guards.py.
+most ``max_body_bytes`` long (else 413); see rag_mag/demo/guards.py. The upload route is the exception: a
+multipart body, which any page can send, so it also needs the header ``X-RagMag-Upload: 1`` (else 403), which
+no page can send to another origin without a preflight.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from rag_mag.demo import openai_api
+from rag_mag.demo.documents import Documents, check_upload_header
 from rag_mag.demo.guards import LOCAL_HOSTS, MAX_BODY_BYTES, HostGuard, json_body
 from rag_mag.demo.messages import Event, RequestError
 from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService
@@ -133,6 +141,7 @@ def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
     _add_page_routes(app, service)
     _add_ask_routes(app, service, max_body_bytes)
     _add_openai_routes(app, service, max_body_bytes)
+    _add_document_routes(app, Documents(service))
     return app
 
 
@@ -221,3 +230,29 @@ def _add_openai_routes(app: FastAPI, service: DemoService, max_body_bytes: int) 
         include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
         return StreamingResponse(chunk_lines(events, model, include_usage), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
+
+
+def _add_document_routes(app: FastAPI, documents: Documents) -> None:
+    """The documents panel: GET, POST and DELETE /api/documents, GET /api/documents/jobs/{id}."""
+    app.state.documents = documents
+
+    def accepted(job) -> JSONResponse:
+        return JSONResponse({"job": job.to_dict()}, status_code=202,
+                            headers={"Location": f"/api/documents/jobs/{job.id}"})
+
+    @app.get("/api/documents")
+    async def list_documents(index: str | None = None) -> dict[str, Any]:
+        return await asyncio.to_thread(documents.listing, index)
+
+    @app.post("/api/documents", status_code=202)
+    async def upload_documents(request: Request, index: str | None = None) -> JSONResponse:
+        return accepted(await documents.upload(request, index))
+
+    @app.delete("/api/documents", status_code=202)
+    async def delete_document(request: Request, index: str | None = None, file: str | None = None) -> JSONResponse:
+        check_upload_header(request)
+        return accepted(await asyncio.to_thread(documents.delete, index, file))
+
+    @app.get("/api/documents/jobs/{job_id}")
+    async def document_job(job_id: str) -> dict[str, Any]:
+        return {"job": documents.job(job_id).to_dict()}

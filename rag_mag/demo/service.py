@@ -29,15 +29,19 @@ MAX_QUESTION_CHARS = 1000
 DEFAULT_MAX_TOP_K = 8  # 8 passages of <= 700 characters, a long question and the answer fit SmolLM2's 2048 tokens
 MAX_ANSWER_TOKENS = 512
 LLM_CHECK_TTL_S = 2.0  # a successful reachability check of vLLM is trusted this long
+DEFAULT_MAX_UPLOAD_MB = 20.0  # per uploaded file (the documents panel)
 
 
 class DemoService:
     """Answers questions on any of its indexes; safe to call from many concurrent requests of one event loop."""
 
     def __init__(self, indexes: list[LoadedIndex], llm_url: str, *, max_concurrency: int = 8,
-                 max_waiting: int = 256, max_top_k: int = DEFAULT_MAX_TOP_K) -> None:
+                 max_waiting: int = 256, max_top_k: int = DEFAULT_MAX_TOP_K,
+                 max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> None:
         if not indexes:
             raise ValueError("DemoService needs at least one index")
+        if isinstance(max_upload_mb, bool) or not isinstance(max_upload_mb, (int, float)) or not max_upload_mb > 0:
+            raise ValueError(f"max_upload_mb must be a positive number, got {max_upload_mb!r}")
         for name, value in (("max_concurrency", max_concurrency), ("max_waiting", max_waiting),
                             ("max_top_k", max_top_k)):
             if not isinstance(value, int) or value < 1:
@@ -48,6 +52,7 @@ class DemoService:
         self.max_concurrency = max_concurrency
         self.max_waiting = max_waiting
         self.max_top_k = max_top_k
+        self.max_upload_mb = max_upload_mb
         self._slots = asyncio.Semaphore(max_concurrency)
         self._waiting = 0
         self._running = 0

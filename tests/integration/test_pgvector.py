@@ -122,3 +122,20 @@ def test_a_retriever_that_does_not_match_the_table_is_refused(pg_url, qnorm_inde
     assert code == 2 and "table test_refusal holds vectors of retriever checkpoint" in message
     assert tag["checkpoint"] in message and "Traceback" not in message
     drop(pg_url, "test_refusal")
+
+
+def test_hybrid_retrieval_fuses_dense_and_full_text_in_one_table(pg_url, vllm_server, tmp_path, capsys):
+    docs = write_folder(tmp_path / "docs")
+    assert main(["index", str(docs), "--store", "pgvector", "--table", "test_hybrid",
+                 "--retriever", str(default_retriever_dir())]) == 0
+    capsys.readouterr()
+    assert main(["ask", "Which countries does the Danube flow through?", "--pipeline",
+                 str(REPO_ROOT / "pipelines" / "rag_hybrid.yaml"), "--table", "test_hybrid", "--top-k", "3",
+                 "--llm-url", vllm_server, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sources"][0]["file"] == "notes/river.md"
+    # reciprocal rank fusion: the top source was first in both lists, so its fused score is the largest possible
+    scores = [source["score"] for source in report["sources"]]
+    assert scores == sorted(scores, reverse=True) and scores[0] == pytest.approx(1.0)
+    assert report["sources"][0]["cosine"] is not None  # the dense list's explanation survives the join
+    drop(pg_url, "test_hybrid")

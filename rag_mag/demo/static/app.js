@@ -34,6 +34,20 @@ function showError(message) {
 function hideError() { byId("error").hidden = true; }
 
 // ------------------------------------------------------------------------------------------ start-up
+function indexLabel(info) { return `${info.name} (${info.strategy}, ${info.documents} passages)`; }
+
+// After an upload or a delete (documents.js): the passage counts in the index list, selection kept.
+async function refreshIndexCounts() {
+  const response = await fetch("/api/indexes");
+  const body = await readJson(response);
+  if (!response.ok || !body) return;
+  page.indexes = body.indexes;
+  for (const option of byId("index").options) {
+    const info = body.indexes.find((item) => item.name === option.value);
+    if (info) option.text = indexLabel(info);
+  }
+}
+
 async function loadIndexes() {
   const select = byId("index");
   try {
@@ -45,7 +59,7 @@ async function loadIndexes() {
     page.maxTopK = body.max_top_k;
     select.replaceChildren();
     for (const info of body.indexes) {
-      select.add(new Option(`${info.name} (${info.strategy}, ${info.documents} passages)`, info.name));
+      select.add(new Option(indexLabel(info), info.name));
     }
     if (body.indexes.length > 1) {
       const names = body.indexes.map((info) => info.name).join(" vs ");
