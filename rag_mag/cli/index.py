@@ -93,6 +93,9 @@ def _add_file_arguments(parser: argparse.ArgumentParser) -> None:
                         help="larger files are skipped with a line")
     parser.add_argument("--dry-run", action="store_true", help="print what would be added, changed and removed; "
                         "write nothing")
+    parser.add_argument("--watch", type=float, metavar="SECONDS", default=None,
+                        help="keep running: check the files every SECONDS and index what changed, with the encoder "
+                             "kept loaded (Ctrl-C or SIGTERM stops)")
     parser.add_argument("--remove", nargs="+", metavar="FILE",
                         help="drop these files (their names in the index, or globs) from the index at --out")
     parser.add_argument("--store", choices=["faiss", "pgvector"], default="faiss",
@@ -174,10 +177,12 @@ def run_files(args: argparse.Namespace) -> int:
         overrides["index_type"] = args.index_type
     context, table = _target(args)
     with context as url:
-        summary = index_files(args.paths, Path(args.out), Path(args.retriever), include=args.include,
-                              exclude=args.exclude, overrides=overrides, max_file_mb=args.max_file_mb,
-                              dry_run=args.dry_run, pipeline_path=args.pipeline, table=table,
-                              pg_url=url if table else None)
+        settings = {"include": args.include, "exclude": args.exclude, "overrides": overrides,
+                    "max_file_mb": args.max_file_mb, "pipeline_path": args.pipeline, "table": table,
+                    "pg_url": url if table else None}
+        if args.watch is not None:
+            return _watch(args, settings)
+        summary = index_files(args.paths, Path(args.out), Path(args.retriever), dry_run=args.dry_run, **settings)
     for path, reason in summary.plan.skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)
     if args.dry_run:
@@ -190,6 +195,37 @@ def run_files(args: argparse.Namespace) -> int:
         print(json.dumps(summary.to_dict(), indent=2, ensure_ascii=False))
     print(summary.line())
     return summary.exit_code
+
+
+def _watch(args: argparse.Namespace, settings: dict) -> int:
+    """``--watch SECONDS``: index, then follow the folder until Ctrl-C or SIGTERM; a line for each pass that
+    changed something, and for each skipped file the first time it is seen."""
+    import sys
+
+    from rag_mag.serving.file_indexing import watch_files
+
+    if args.dry_run:
+        raise ConfigError("--watch and --dry-run do not go together")
+    told: set[tuple[str, str]] = set()
+
+    def on_pass(summary) -> None:
+        for skipped in summary.plan.skipped:
+            if skipped not in told:
+                print(f"skipped {skipped[0]}: {skipped[1]}", file=sys.stderr)
+                told.add(skipped)
+        plan = summary.plan
+        if not passes or plan.added or plan.changed or plan.removed:  # the first pass, then only changes
+            print(summary.line(), flush=True)
+        passes.append(summary)
+
+    passes: list = []
+    print(f"watching {', '.join(args.paths)} every {args.watch:g} s; Ctrl-C stops", file=sys.stderr)
+    try:
+        watch_files(args.paths, Path(args.out), Path(args.retriever), interval=args.watch, on_pass=on_pass,
+                    progress=False, **settings)
+    except KeyboardInterrupt:
+        print("stopped watching; the index holds every pass that finished", file=sys.stderr)
+    return 0
 
 
 def run_remove(args: argparse.Namespace) -> int:

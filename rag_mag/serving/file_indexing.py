@@ -22,6 +22,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -247,6 +248,20 @@ def index_files(paths: list[str], out: Path, retriever: Path, *, include: list[s
         summary.index_files = len(target.files())
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def watch_files(paths: list[str], out: Path, retriever: Path, *, interval: float, on_pass: Callable,
+                stop: threading.Event | None = None, **kwargs: Any) -> None:
+    """``index_files`` now and then every ``interval`` seconds until ``stop`` is set: an index that follows the
+    folder. The encoder stays loaded between passes, so a pass costs what changed (a pass with no change encodes
+    nothing); ``on_pass(summary)`` sees every pass."""
+    if not interval > 0:
+        raise ConfigError(f"--watch takes a positive number of seconds, got {interval}")
+    stop = stop or threading.Event()
+    while True:
+        on_pass(index_files(paths, out, retriever, **kwargs))
+        if stop.wait(interval):
+            return
 
 
 def remove_files(out: Path, patterns: list[str], table: str | None = None,

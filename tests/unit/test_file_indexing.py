@@ -225,3 +225,29 @@ def test_skipped_files_give_exit_code_3(retriever, tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == EXIT_SKIPPED and f"skipped {docs / 'empty.md'}: empty file" in captured.err
     assert "6 added" in captured.out.strip().splitlines()[-1]
+
+
+def test_watch_follows_the_folder_with_the_encoder_kept_loaded(retriever, tmp_path):
+    import threading
+
+    from rag_mag.serving.file_indexing import watch_files
+
+    docs, out = write_folder(tmp_path / "docs"), tmp_path / "index"
+    passes, stop = [], threading.Event()
+
+    def on_pass(summary):
+        passes.append(summary)
+        if len(passes) == 1:  # between two passes, the user edits a file
+            (docs / "notes" / "keeper.txt").write_text("The keeper is called Ingrid. She came in 2001.\n")
+        if len(passes) == 3:
+            stop.set()
+
+    watcher = threading.Thread(target=watch_files, args=([str(docs)], out, retriever),
+                               kwargs={"interval": 0.05, "on_pass": on_pass, "stop": stop, "progress": False,
+                                       "overrides": {"embedder.progress_bar": False}})
+    watcher.start()
+    watcher.join(timeout=120)
+    assert not watcher.is_alive() and len(passes) == 3
+    assert [len(p.plan.added) for p in passes] == [5, 0, 0]
+    assert [[f.name for f in p.plan.changed] for p in passes] == [[], ["notes/keeper.txt"], []]
+    assert passes[2].chunks_encoded == 0 and "Ingrid" in " ".join(d.content for d in stored(out).values())
