@@ -17,9 +17,12 @@
   the holder's PID and command line; a second writer is refused at once with them. The kernel drops a flock
   when its holder dies, so a lock left by a killed run is no lock. ``file_lock(path)`` waits instead (the
   index merge).
+* An output that cannot be written at all (read-only filesystem, permission denied, a file where a folder
+  goes) is one ``OutputNotWritableError`` line (``writable.py``): ``job_lock`` checks before any model loads,
+  ``atomic_write`` and ``staging_dir`` translate such an error met later.
 * ``fault_point(name)``: with ``RAG_MAG_KILL_AT=name`` (or ``name#N`` for the N-th time) in the environment,
-  the process kills itself with SIGKILL there. The fault suite uses it to kill a save in every phase
-  deterministically instead of racing a timer.
+  the process sends itself SIGKILL (or ``$RAG_MAG_FAULT_SIGNAL``, e.g. SIGTERM) there, so that the fault suite
+  hits a save in every phase deterministically instead of racing a timer.
 """
 
 from __future__ import annotations
@@ -46,10 +49,12 @@ from pathlib import Path
 from typing import IO
 
 from rag_mag.errors import DiskFullError, JobLockedError
+from rag_mag.writable import check_writable, not_writable_as_error
 
 logger = logging.getLogger(__name__)
 
 KILL_ENV = "RAG_MAG_KILL_AT"
+SIGNAL_ENV = "RAG_MAG_FAULT_SIGNAL"  # the signal fault_point sends (default SIGKILL)
 STAGING_MARK = "staging-"
 _RENAME_EXCHANGE = 2
 _fault_hits: dict[str, int] = {}
@@ -69,8 +74,8 @@ def fault_point(name: str) -> None:
     if point != name:
         return
     _fault_hits[name] = _fault_hits.get(name, 0) + 1
-    if _fault_hits[name] >= int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _fault_hits[name] == int(nth or 1):
+        os.kill(os.getpid(), getattr(signal, os.environ.get(SIGNAL_ENV, "SIGKILL")))
 
 
 # ----------------------------------------------------------------------------- files
@@ -93,7 +98,7 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Write ``path`` through a temporary file that replaces it only when the block ends without error."""
     path = Path(path)
-    with disk_full_as_error(path, path.name):
+    with not_writable_as_error(path, path.name), disk_full_as_error(path, path.name):
         path.parent.mkdir(parents=True, exist_ok=True)
         binary = "b" in mode
         handle = tempfile.NamedTemporaryFile(mode, encoding=None if binary else encoding, dir=path.parent,
@@ -214,8 +219,9 @@ def allocate(path: str | os.PathLike, size: int, what: str) -> None:
 def staging_dir(target: str | os.PathLike) -> Path:
     """A new empty folder beside ``target`` (``.NAME.staging-XXXX``) to write its next version into."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.{STAGING_MARK}", dir=target.parent))
+    with not_writable_as_error(target, target.name):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{target.name}.{STAGING_MARK}", dir=target.parent))
 
 
 def sync_tree(folder: str | os.PathLike) -> None:
@@ -359,7 +365,9 @@ def job_lock(path: str | os.PathLike, what: str) -> Iterator[None]:
     """Hold the lock file ``path`` while the block runs, or refuse at once with one ``JobLockedError`` line
     naming ``what`` and the holder's PID and command line."""
     path = Path(path)
-    handle = _acquire(path, wait=False)
+    check_writable(path.with_name(path.name.removesuffix(".lock")), what, folder=False)
+    with not_writable_as_error(path, f"the lock file of {what}"):
+        handle = _acquire(path, wait=False)
     if handle is None:
         raise JobLockedError(f"{what} is being written by {_holder(path)}; wait for it to finish or stop it, or "
                              f"write somewhere else (lock file {path})")

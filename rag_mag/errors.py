@@ -32,3 +32,8 @@ class DiskFullError(RagMagError):
 
 class JobLockedError(RagMagError):
     """Another process is writing the same output (its lock file names its PID and command line)."""
+
+
+class OutputNotWritableError(RagMagError):
+    """An output folder, lock file or work folder cannot be created or written (read-only filesystem, permission
+    denied, a file where a folder should be); nothing saved before was changed."""

@@ -11,6 +11,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # ------------------------------------------------------------------------------------- the fault suite's tally
 import pytest  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _pg_url_stays_put(monkeypatch):
+    """The PostgreSQL commands export the URL they used as RAG_MAG_PG_URL for their pipelines: a test that points
+    them at a server of its own must not leave it to the tests after it."""
+    monkeypatch.setenv("RAG_MAG_PG_URL", os.environ.get("RAG_MAG_PG_URL", ""))
+
 _FAULT_TALLY = {"tried": 0, "survived": 0, "clear_error": 0}
 
 

@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 
-from rag_mag import durable
+from rag_mag import durable, writable
 from rag_mag.cli import DefaultsHelpFormatter
 
 
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.answer_questions is not None:
         overrides.update(answer_questions=args.answer_questions)
     config = load_bench_config(args.config, overrides)
+    writable.check_writable(config.out_dir(), f"the benchmark folder {config.out_dir()}")  # before any model loads
     # the whole report folder: cells, retrievers.json and the generation cache are shared by every system
     with durable.job_lock(durable.lock_path(config.out_dir()), f"the benchmark folder {config.out_dir()}"):
         out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]]), only=args.only).run()

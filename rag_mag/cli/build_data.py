@@ -37,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag import durable
+    from rag_mag import durable, writable
     from rag_mag.bench.datasets import data_root
     from rag_mag.retriever.training_data import build_training_data
     from rag_mag.retriever.training_data_spec import load_data_spec
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.positives:
         overrides["positives"] = args.positives
     spec = load_data_spec(args.spec, data_root(args.data_root), overrides)
+    writable.check_writable(spec.out, f"the training data folder {spec.out}")
     with durable.job_lock(durable.lock_path(spec.out), f"the training data folder {spec.out}"):
         summary = build_training_data(spec)
     print(json.dumps({"out": spec.out, "train": summary["train"], "val": summary["val"],

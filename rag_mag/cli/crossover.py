@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from rag_mag import writable
 from rag_mag.cli import DefaultsHelpFormatter
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be 1 or more, got {args.workers}")
     if not args.rebuild_tolerance >= 0:
         raise ConfigError(f"--rebuild-tolerance must be 0 or more points, got {args.rebuild_tolerance}")
+    if not args.report_only:
+        writable.check_writable(config.out_dir(), f"the crossover folder {config.out_dir()}")  # before any model
     runner = CrossoverRunner(config, args.config)
     if args.workers > 1 and not args.report_only:
         _run_workers(args, runner)

@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rag_mag import writable
 from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.errors import ConfigError
 
@@ -116,7 +117,7 @@ def _add_file_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rag_mag.components.faiss_index import verify_folder
     from rag_mag.models import REPO_ROOT
-    from rag_mag.serving.indexing import IndexJob, parse_shard, run_index_job, shard_lock
+    from rag_mag.serving.indexing import IndexJob, default_work_dir, parse_shard, run_index_job, shard_lock
     from rag_mag.serving.pipelines import default_index_dir
 
     if args.verify:
@@ -135,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
                    index_type=args.index_type, chunk_size=args.chunk_size, batch_size=args.batch_size,
                    precision=args.precision)
     shard, work_dir = parse_shard(args.shard), Path(args.work_dir) if args.work_dir else None
+    writable.check_writable(job.out, f"the index {job.out}")  # before the model loads; the shard lock checks its
+    writable.check_writable(work_dir or default_work_dir(job.out), "the index's work folder")  # work folder
     with shard_lock(job.out, shard, work_dir):  # before the model loads; the other shards run on
         summary = run_index_job(job, shard, work_dir, overwrite=args.overwrite, restart=args.restart,
                                 keep_work=args.keep_work)
@@ -156,6 +159,8 @@ def _target(args: argparse.Namespace):
     if args.table or args.pg_url:
         raise ConfigError("--table and --pg-url are for --store pgvector")
     out = Path(args.out)
+    if not args.dry_run:
+        writable.check_writable(out, f"the index {out}")  # before the model loads
     return contextlib.ExitStack() if args.dry_run else durable.job_lock(durable.lock_path(out),
                                                                         f"the index {out}"), None
 

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from rag_mag import __version__
+from rag_mag import __version__, stopping, writable
 from rag_mag.errors import RagMagError
 
 # subcommand name -> module in rag_mag.cli (imported lazily so `rag-mag --help` stays fast)
@@ -57,21 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupt_on_sigterm() -> None:
-    """`kill` ends a run like Ctrl-C does: checkpoints are saved and servers we started are stopped."""
-    import signal
-    import threading
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
-
-
 def main(argv: list[str] | None = None) -> int:
     _offline_defaults()
-    _interrupt_on_sigterm()
+    stopping.install()  # `kill` ends a run like Ctrl-C does; training loops finish their step first
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
@@ -89,9 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     except RagMagError as error:
         print(f"rag-mag {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except stopping.Stopped as stopped:  # at a step boundary, its resumable state saved
+        print(f"rag-mag {args.command}: {stopped}", file=sys.stderr)
+        return stopping.exit_code(stopped.signum)
     except KeyboardInterrupt:
-        print(f"rag-mag {args.command}: interrupted", file=sys.stderr)
-        return 130
+        signum = stopping.last_signal()
+        print(f"rag-mag {args.command}: interrupted by {stopping.signal_name(signum)}", file=sys.stderr)
+        return stopping.exit_code(signum)
+    except OSError as error:  # a read-only filesystem or a denied permission that no writer translated
+        refused = writable.not_writable(error, error.filename or "its output", "an output")
+        if refused is None:
+            raise
+        print(f"rag-mag {args.command}: error: {refused}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

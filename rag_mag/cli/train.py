@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import json
 
-from rag_mag import durable
+from rag_mag import durable, writable
 from rag_mag.errors import ConfigError
 from rag_mag.retriever.config import TrainConfig, add_dataclass_arguments, load_train_config
 
@@ -18,7 +18,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "validated checkpoint --selection chooses: by default the earliest within one standard error "
                     "of the best validation nDCG@10, the untrained step 0 included), OUT/last (resumable) and "
                     "OUT/train_log.jsonl. Settings come from the defaults, then --config FILE (YAML or JSON with "
-                    "these field names), then the flags.")  # every flag's help states its own default
+                    "these field names), then the flags. SIGTERM or Ctrl-C ends the current step, saves it in "
+                    "OUT/last and exits 143 (SIGTERM) or 130 (Ctrl-C); the same command resumes at that step. An "
+                    "OUT that cannot be written is refused before any model loads (exit 2).")
     parser.add_argument("--config", help="YAML or JSON file of training settings (field names as the flags, "
                                          "with underscores)")
     add_dataclass_arguments(parser, TrainConfig)
@@ -33,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no output folder: pass --out DIR")
     from rag_mag.retriever.distributed import launched_rank
 
+    writable.check_writable(config.out, f"the training folder {config.out}")  # before any model loads
     # under torchrun rank 0 alone writes OUT, so it alone holds the lock (the others share its job)
     lock = durable.job_lock(durable.lock_path(config.out), f"the training folder {config.out}") \
         if launched_rank() == 0 else contextlib.nullcontext()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rag_mag import durable
+from rag_mag import durable, writable
 from rag_mag.reader.config import ReaderConfig
 from rag_mag.retriever.config import add_dataclass_arguments, load_train_config
 
@@ -22,7 +22,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "left out. The prompts are the pipelines' own (AnswerPromptBuilder). Writes OUT/adapter (the "
                     "best validation exact match), OUT/last (resumable), OUT/data (the examples) and "
                     "OUT/train_log.jsonl. Settings come from the defaults, then --config FILE, then the flags. "
-                    "eval/configs/reader.yaml builds the reader the product ships (data/reader_default/).")
+                    "eval/configs/reader.yaml builds the reader the product ships (data/reader_default/). "
+                    "SIGTERM or Ctrl-C ends the current step, saves it in OUT/last and exits 143 (SIGTERM) or 130 "
+                    "(Ctrl-C); the same command resumes at that step.")
     parser.add_argument("--config", help="YAML or JSON file of reader settings (field names as the flags, "
                                          "with underscores)")
     parser.add_argument("--data-root", default=None, help="shared data folder for {data_root} in paths (default: "
@@ -41,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_train_config(args, args.config, ReaderConfig, source="reader config")
     trainer = ReaderTrainer(config, data_root(args.data_root))
+    writable.check_writable(trainer.out, f"the reader training folder {trainer.out}")  # before any model loads
     with durable.job_lock(durable.lock_path(trainer.out), f"the reader training folder {trainer.out}"):
         if not config.base_model:
             convert_gguf()  # the packaged SmolLM2, once

@@ -1,5 +1,5 @@
 """The reader trainer's hooks into the Hugging Face Trainer: validation, the adapter chosen on it, durable
-checkpoints, the log, and a stop on non-finite loss."""
+checkpoints, the log, a stop on non-finite loss, and a stop signal acted on between two steps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from rag_mag import durable
+from rag_mag import durable, stopping
 from rag_mag.errors import TrainingError
 from rag_mag.reader.export import low_rank_weights, write_adapter
 from rag_mag.reader.merge import ADAPTER_WEIGHTS
@@ -36,6 +36,7 @@ class ReaderCallbacks(TrainerCallback):
         self.bf16 = bf16
         self.best: dict[str, Any] = {}
         self.trainer = None
+        self.stopped_at: int | None = None  # the step a stop signal ended the run at (last/ holds it)
 
     def bind(self, trainer) -> None:
         self.trainer = trainer
@@ -78,6 +79,11 @@ class ReaderCallbacks(TrainerCallback):
         step = state.global_step
         if step % self.config.eval_every == 0 or step >= state.max_steps:
             self._validate(step, kwargs["model"])
+        if stopping.requested() is not None:  # inside stopping.graceful(): this step is finished, save it, stop
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = step
+        return control
 
     def _scores(self, model) -> tuple[dict[str, Any], list[str]]:
         return validation_scores(model, self.tokenizer, self.validation, max_new_tokens=self.config.max_new_tokens,

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mag import durable
+from rag_mag import durable, stopping
 from rag_mag.data import read_corpus
 from rag_mag.errors import CheckpointError, ConfigError, TrainingError
 from rag_mag.models import default_llm_dir
@@ -244,7 +244,11 @@ class ReaderTrainer:
         callbacks.bind(trainer)
         if resume_dir is not None:
             callbacks.rewind_log(resume_dir)
-        trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
+        with stopping.graceful():  # a stop signal ends the run after its step, saved in last/ (ReaderCallbacks)
+            trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
+            if callbacks.stopped_at is not None:
+                logger.warning("%s", stopped := stopping.stopped(callbacks.stopped_at, config.steps, self.last_dir))
+                raise stopped
         shutil.rmtree(work, ignore_errors=True)
         if not callbacks.best:
             raise TrainingError("no validation ran, so no adapter was chosen; set --eval-every to at most --steps")

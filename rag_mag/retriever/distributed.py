@@ -166,3 +166,12 @@ class ProcessGroup:
         values: list[Any] = [None] * self.world_size
         dist.all_gather_object(values, value)
         return values
+
+    def any_true(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (one all-reduce): every rank takes the same branch, e.g. all
+        stop at the step where one of them got a stop signal."""
+        if not self.enabled:
+            return flag
+        value = torch.tensor([1 if flag else 0], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from rag_mag import stopping
 from rag_mag.data import Triple
 from rag_mag.errors import ConfigError, TrainingError
 from rag_mag.precision import autocast, describe, use_bf16
@@ -147,7 +148,7 @@ class Trainer:
         best_metrics = self._measure_start(encoder, optimizer, step, validation, best_metrics, history)
         encoder.train()
         started = time.perf_counter()
-        with logging_redirect_tqdm():
+        with logging_redirect_tqdm(), stopping.graceful():  # a stop signal is acted on between two steps
             try:
                 while step < config.steps:
                     record = self._step(encoder, loss_fn, optimizer, scheduler, train, step)
@@ -158,6 +159,10 @@ class Trainer:
                     record.update(step=step, seconds=round(time.perf_counter() - started, 1))
                     best_metrics = self._finish_step(encoder, optimizer, step, record, validation, best_metrics,
                                                      history)
+                    if self.group.any_true(stopping.requested() is not None):  # every rank stops at this step
+                        self._stop(encoder, optimizer, step, best_metrics)
+            except stopping.Stopped:
+                raise
             except KeyboardInterrupt:
                 progress.close()
                 if step > 0 and main:  # no collective here: the other processes may be gone already
@@ -332,6 +337,17 @@ class Trainer:
         if self.group.is_main:
             self._save_last(encoder, optimizer, step, best_metrics, rng_states)
         self.group.barrier()  # when train() returns on any rank, the checkpoint is complete
+
+    def _stop(self, encoder: MagnitudeEncoder, optimizer: torch.optim.Optimizer, step: int,
+              best_metrics: dict) -> None:
+        """A stop signal came during ``step``, which is finished: ``last/`` at it (unless the step just saved it)
+        is where the same command resumes. Signals during the save are deferred (``stopping.graceful``)."""
+        if not (step % self.config.save_every == 0 or step == self.config.steps):
+            self._checkpoint(encoder, optimizer, step, best_metrics)
+        stopped = stopping.stopped(step, self.config.steps, self.last_dir)
+        if self.group.is_main:
+            logger.warning("%s", stopped)
+        raise stopped
 
     def _save_last(self, encoder: MagnitudeEncoder, optimizer: torch.optim.Optimizer, step: int,
                    best_metrics: dict, rng_states: list[torch.Tensor], finished: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""Processes the fault suite kills: ``python -m tests.faults.children train|index ARGS_JSON``.
+"""Processes the fault suite kills: ``python -m tests.faults.children train|index|cli ARGS_JSON``.
 
 Each runs one real save path of rag-mag (a training run on the tiny random BERT, an index write) with
 ``RAG_MAG_KILL_AT`` set by the test, so it dies with SIGKILL at a chosen point of the save. With
@@ -25,6 +25,29 @@ def train(args: dict) -> None:
     Trainer(TrainConfig(**args)).train()
 
 
+def cli(args: dict) -> None:
+    """``rag-mag ARGV`` on the tiny random BERT; with ``signal_at_step`` S the process sends itself SIGTERM in
+    the middle of step S (after its optimizer step, before its log and checkpoint)."""
+    import signal
+
+    from rag_mag.cli.main import main
+    from rag_mag.retriever.encoder import MagnitudeEncoder
+    from rag_mag.retriever.trainer import Trainer
+    from tests.tiny import tiny_encoder
+
+    tokenizer_dir = Path(args["tokenizer_dir"])
+    MagnitudeEncoder.build = classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tokenizer_dir, strategy))
+    finish_step = Trainer._finish_step
+
+    def signalled(self, encoder, optimizer, step, *rest):
+        if step == args.get("signal_at_step"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return finish_step(self, encoder, optimizer, step, *rest)
+
+    Trainer._finish_step = signalled
+    sys.exit(main(args["argv"]))
+
+
 def index(args: dict) -> None:
     import numpy as np
     from haystack import Document
@@ -46,4 +69,4 @@ if __name__ == "__main__":
 
         durable._exchange = lambda first, second: False
     command, arguments = sys.argv[1], json.loads(sys.argv[2])
-    {"train": train, "index": index}[command](arguments)
+    {"train": train, "index": index, "cli": cli}[command](arguments)

@@ -78,6 +78,8 @@ def local_overrides(built: dict[str, Path], name: str) -> dict[str, object]:
         return {}
     if name == "index_files":
         return {"retriever": str(built["checkpoint"]), "out": str(built["root"] / "files-index")}
+    if name in ("rag_pgvector", "rag_hybrid"):  # the store connects on first use (tests/integration/test_pgvector.py)
+        return {"retriever": str(built["checkpoint"]), "table": "round_trip"}
     if name == "rag_qdrant":  # the Qdrant folder is opened on first use only (tests/unit/test_vector_db.py runs it)
         return {"retriever": str(built["checkpoint"]), "qdrant": str(built["root"] / "qdrant")}
     return {"retriever": str(built["checkpoint"]), "index": str(built["index"])}
