@@ -174,7 +174,15 @@ def run_files(args: argparse.Namespace) -> int:
 
     if args.corpus:
         raise ConfigError("give either PATHs (files and folders) or --corpus (a JSONL corpus), not both")
+    corpus_only = [flag for flag, given in (("--shard", args.shard), ("--work-dir", args.work_dir),
+                                            ("--restart", args.restart), ("--keep-work", args.keep_work),
+                                            ("--overwrite", args.overwrite)) if given]
+    if corpus_only:
+        raise ConfigError(f"{', '.join(corpus_only)} {'is' if len(corpus_only) == 1 else 'are'} for --corpus; a "
+                          "files index is updated in place (see --dry-run, --remove)")
     overrides = parse_overrides(args.overrides)
+    if args.precision != "auto":
+        overrides["embedder.precision"] = args.precision
     for name in ("split_length", "split_overlap", "batch_size"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)

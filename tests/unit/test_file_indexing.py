@@ -251,3 +251,9 @@ def test_watch_follows_the_folder_with_the_encoder_kept_loaded(retriever, tmp_pa
     assert [len(p.plan.added) for p in passes] == [5, 0, 0]
     assert [[f.name for f in p.plan.changed] for p in passes] == [[], ["notes/keeper.txt"], []]
     assert passes[2].chunks_encoded == 0 and "Ingrid" in " ".join(d.content for d in stored(out).values())
+
+
+def test_corpus_only_flags_are_refused_with_paths(retriever, tmp_path, capsys):
+    docs = write_folder(tmp_path / "docs")
+    code = main(["index", str(docs), "--out", str(tmp_path / "index"), "--retriever", str(retriever), "--shard", "0/2"])
+    assert code == 2 and "--shard is for --corpus" in capsys.readouterr().err
