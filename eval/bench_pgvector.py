@@ -132,7 +132,7 @@ def load_cell(url: str, documents: np.ndarray, insert_rows: int) -> dict:
     with connection.transaction(), connection.cursor() as cursor:
         cursor.executemany(f"INSERT INTO {TABLE}_insert (id, embedding) VALUES (%s, %s)",
                            [(row, documents[row]) for row in range(min(insert_rows, len(documents)))])
-    insert_seconds = time.perf_counter() - started
+    insert_seconds = max(time.perf_counter() - started, 1e-9)
     connection.execute(f"DROP TABLE {TABLE}_insert")
     connection.execute(f"VACUUM ANALYZE {TABLE}")
     connection.close()
@@ -156,23 +156,44 @@ def pg_search(url: str, ef_search: int | None):
     return search
 
 
-def pg_cells(url: str, queries: np.ndarray, truth: np.ndarray, clients: list[int], ef_values: list[int]) -> dict:
-    cells = {"pg_exact": measured(pg_search(url, None), queries, truth, clients)}
+def pg_hnsw_cells(url: str, queries: np.ndarray, truth: np.ndarray, clients: list[int], ef_values: list[int],
+                  graph: tuple[int, int] | None = None) -> dict:
+    """Build the HNSW index (pgvector's defaults, or ``graph`` = (m, ef_construction)) and search it."""
     connection = connect(url)
     connection.execute("SET maintenance_work_mem = '2GB'")
+    connection.execute(f"DROP INDEX IF EXISTS {TABLE}_hnsw")
+    options = f" WITH (m = {int(graph[0])}, ef_construction = {int(graph[1])})" if graph else ""
+    prefix = f"pg_hnsw_m{graph[0]}_efc{graph[1]}" if graph else "pg_hnsw"
     started = time.perf_counter()
-    connection.execute(f"CREATE INDEX {TABLE}_hnsw ON {TABLE} USING hnsw (embedding vector_ip_ops)")
-    cells["pg_hnsw_build_s"] = round(time.perf_counter() - started, 1)
+    connection.execute(f"CREATE INDEX {TABLE}_hnsw ON {TABLE} USING hnsw (embedding vector_ip_ops){options}")
+    cells: dict = {f"{prefix}_build_s": round(time.perf_counter() - started, 1)}
     connection.close()
     for ef in ef_values:
-        cells[f"pg_hnsw_ef{ef}"] = measured(pg_search(url, ef), queries, truth, clients)
+        cells[f"{prefix}_ef{ef}"] = measured(pg_search(url, ef), queries, truth, clients)
     return cells
 
 
-def run_size(n: int, real: np.ndarray, queries: np.ndarray, args, url: str) -> dict:
+def pg_cells(url: str, queries: np.ndarray, truth: np.ndarray, clients: list[int], ef_values: list[int]) -> dict:
+    return {"pg_exact": measured(pg_search(url, None), queries, truth, clients),
+            **pg_hnsw_cells(url, queries, truth, clients, ef_values)}
+
+
+def vectors(n: int, real: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` document vectors of a size (the same on every run: seeded by ``n``) and the exact top-10."""
     documents = real[:n] if n <= len(real) else np.concatenate([real, synthesize(real, n - len(real), seed=n)])
     documents = np.ascontiguousarray(documents, dtype=np.float32)
-    truth = np.argsort(-(queries @ documents.T), axis=1)[:, :10]
+    return documents, np.argsort(-(queries @ documents.T), axis=1)[:, :10]
+
+
+def add_graph(row: dict, real: np.ndarray, queries: np.ndarray, args, url: str) -> None:
+    """``--pg-graph M EFC`` on a size already measured: reload its vectors and add that graph's cells."""
+    documents, truth = vectors(row["n"], real, queries)
+    load_cell(url, documents, 0)
+    row.update(pg_hnsw_cells(url, queries, truth, args.clients, args.ef_search, tuple(args.pg_graph)))
+
+
+def run_size(n: int, real: np.ndarray, queries: np.ndarray, args, url: str) -> dict:
+    documents, truth = vectors(n, real, queries)
     result = {"n": n, "real": min(n, len(real)), "queries": len(queries)}
     result["load"] = load_cell(url, documents, args.insert_rows)
     result.update(faiss_cells(documents, queries, truth, args.clients))
@@ -188,6 +209,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--ef-search", type=int, nargs="+", default=[40, 100, 200, 400])
     parser.add_argument("--insert-rows", type=int, default=20_000)
+    parser.add_argument("--pg-graph", type=int, nargs=2, metavar=("M", "EF_CONSTRUCTION"),
+                        help="on sizes already measured: add pgvector HNSW cells for this graph")
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--out", type=Path, default=OUT)
@@ -198,13 +221,17 @@ def main() -> None:
     real, queries = encoded("qnorm", RETRIEVERS["qnorm"], args)
     rows = json.loads(args.out.read_text()) if args.out.is_file() else []
     for n in args.sizes:
-        if any(row["n"] == n for row in rows):
+        row = next((row for row in rows if row["n"] == n), None)
+        if row is not None and args.pg_graph:
+            add_graph(row, real, queries, args, url)
+        elif row is not None:
             print(f"n={n}: already measured in {args.out}")
             continue
-        rows.append(run_size(n, real, queries, args, url))
+        else:
+            rows.append(run_size(n, real, queries, args, url))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         durable.write_text(args.out, json.dumps(rows, indent=2) + "\n")
-        print(json.dumps(rows[-1], indent=2))
+        print(json.dumps(row or rows[-1], indent=2))
     connection = connect(url)
     connection.execute(f"DROP TABLE IF EXISTS {TABLE}")
     connection.close()
