@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ from rag_mag.demo.loading import load_index
 from rag_mag.demo.messages import Event
 from rag_mag.demo.service import DemoService
 from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+from tests.local import closed_port_url
 from tests.tiny import tiny_encoder
 
 pytestmark = pytest.mark.faults
@@ -27,10 +27,6 @@ RAG = PIPELINES_DIR / "rag.yaml"
 ASK = {"question": "What is the capital of France?"}
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ the uploads folder, and not inside it either."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from rag_mag.demo.indexes import IndexSpec
 from rag_mag.demo.loading import load_index
 from rag_mag.demo.service import DemoService
 from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+from tests.local import closed_port_url
 from tests.tiny import tiny_encoder
 
 pytestmark = pytest.mark.faults
@@ -26,10 +26,6 @@ UPLOAD = {"X-RagMag-Upload": "1"}
 MAX_UPLOAD_MB = 0.05  # 50 kB
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,13 @@ from tests.integration.demo_support import (
     serve_env,
     supporting_ids,
 )
+from tests.local import closed_port_url
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 
 
-def closed_port_url() -> str:
-    return f"http://127.0.0.1:{find_free_port()}/v1"
 
 
 @pytest.fixture(scope="module")

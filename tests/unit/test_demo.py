@@ -8,7 +8,6 @@ integration tier against the real vLLM server: tests/integration/test_demo_api.p
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from pathlib import Path
 
@@ -24,16 +23,12 @@ from rag_mag.demo.openai_api import question_of
 from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService
 from rag_mag.errors import ConfigError
 from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+from tests.local import closed_port_url
 from tests.tiny import tiny_encoder
 
 RAG = PIPELINES_DIR / "rag.yaml"
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture(scope="module")

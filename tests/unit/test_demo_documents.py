@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from rag_mag.demo.service import DemoService
 from rag_mag.serving import file_indexing
 from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
 from tests.files import write_pdf
+from tests.local import closed_port_url
 from tests.tiny import tiny_encoder
 
 RAG = PIPELINES_DIR / "rag.yaml"
@@ -39,10 +39,6 @@ CORPUS = [("Paris", "paris is the capital city of france"), ("Berlin", "berlin i
           ("Rome", "rome is the capital of italy")]
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from rag_mag.serving.pipelines import (
     read_pipeline_dict,
     run_pipeline,
 )
+from tests.local import closed_port_url
 from tests.tiny import tiny_encoder
 
 PIPELINE_FILES = sorted(PIPELINES_DIR.glob("*.yaml"))
@@ -42,11 +42,6 @@ class ScriptedChat:
         return {"replies": [ChatMessage.from_assistant(self.texts[min(len(self.prompts), len(self.texts)) - 1])]}
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from rag_mag.cli.ask import format_report
 from rag_mag.cli.main import main
 from rag_mag.serving.answers import answer_report
 from rag_mag.serving.pipelines import PIPELINES_DIR
+from tests.local import closed_port_url
 from tests.tiny import tiny_encoder
 
 INDEXING, RAG = str(PIPELINES_DIR / "indexing.yaml"), str(PIPELINES_DIR / "rag.yaml")
@@ -28,10 +28,6 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     return {"root": root, "checkpoint": checkpoint, "corpus": corpus}
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
 def test_index_writes_an_index_and_refuses_to_clobber(setup, capsys):

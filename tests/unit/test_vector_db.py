@@ -7,7 +7,6 @@ extra), its Haystack retriever, rag-mag's FAISS store, ScoreExplainer, export_in
 from __future__ import annotations
 
 import json
-import socket
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from rag_mag.serving.pipelines import (
     read_pipeline_dict,
     run_pipeline,
 )
+from tests.local import closed_port_url
 from tests.tiny import tiny_encoder
 
 DIM = 24
@@ -48,11 +48,6 @@ class FixedReply:
         return {"replies": [ChatMessage.from_assistant("Paris")]}
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
 
 
 def varied_norm_documents(count: int = 400, seed: int = 0) -> list[Document]:
