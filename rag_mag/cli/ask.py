@@ -111,6 +111,15 @@ def _number(value: Any, digits: int = 3) -> str:
     return "?" if value is None else f"{value:.{digits}f}"
 
 
+def _is_product(source: dict[str, Any]) -> bool:
+    """Whether the source's score is its cosine x query norm x document norm (not a fused or keyword score)."""
+    parts = [source.get(key) for key in ("score", "cosine", "query_norm", "document_norm")]
+    if any(part is None for part in parts):
+        return False
+    score, cosine, query_norm, document_norm = parts
+    return abs(score - cosine * query_norm * document_norm) <= 1e-3 * max(1.0, abs(score))
+
+
 def format_report(report: dict[str, Any]) -> str:
     """``rag_mag.serving.answers.answer_report`` as the text ``rag-mag ask`` prints (the answer marked [[so]])."""
     from rag_mag.serving.answers import citation
@@ -122,10 +131,14 @@ def format_report(report: dict[str, Any]) -> str:
     for source in report["sources"]:
         hop = f" [round {source['hop']}]" if source.get("hop") else ""
         lines.append(f"  {source['rank']}. {citation(source)} ({source['id']}){hop}")
-        lines.append(f"     score {_number(source['score'])} = {_number(source['cosine'])} x "
-                     f"{_number(source['query_norm'])} x {_number(source['document_norm'])}"
-                     f"   (raw norms: query {_number(source['query_raw_norm'], 2)}, "
-                     f"document {_number(source['document_raw_norm'], 2)})")
+        parts = (f"{_number(source['cosine'])} x {_number(source['query_norm'])} x "
+                 f"{_number(source['document_norm'])}   (raw norms: query {_number(source['query_raw_norm'], 2)}, "
+                 f"document {_number(source['document_raw_norm'], 2)})")
+        if _is_product(source):
+            lines.append(f"     score {_number(source['score'])} = {parts}")
+        else:  # a fused score (reciprocal rank fusion, pipelines/rag_hybrid.yaml): the dense parts, where known
+            dense = f"; dense score {parts}" if source.get("cosine") is not None else "; a keyword hit"
+            lines.append(f"     score {_number(source['score'])} (fused rank score){dense}")
         snippet, span = source["excerpt"], source.get("answer_span")
         if span:  # the answer's words, marked where the passage holds them
             snippet = f"{snippet[:span[0]]}[[{snippet[span[0]:span[1]]}]]{snippet[span[1]:]}"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_mag import durable, stopping
 from rag_mag.components.checkpoints import checkpoint_fingerprint
 from rag_mag.errors import ConfigError, DataError
 from rag_mag.serving.files import DEFAULT_MAX_FILE_MB, FoundFile, Scan, content_problem, find_files, read_file
@@ -171,8 +172,6 @@ def encode_files(pipeline, writer, target, plan: FilePlan, streams: dict, progre
     first batch and after each."""
     from tqdm.auto import tqdm
 
-    from rag_mag.serving.file_targets import take_staged
-
     removed = 0
     if plan.checkpoint_changed:  # no vector of the old checkpoint may stay beside the new ones
         every = [doc_id for ids in plan.old_chunks.values() for doc_id in ids]
@@ -183,9 +182,20 @@ def encode_files(pipeline, writer, target, plan: FilePlan, streams: dict, progre
         removed += len(plan.old_chunks.get(name, []))
     todo = plan.added + plan.changed
     bar = tqdm(total=len(todo), unit="file", desc="indexing files", disable=not progress)
-    encoded, since_save, done = 0, 0, 0
     if on_progress:
         on_progress(0, len(todo), 0)
+    with stopping.graceful():  # a stop signal ends the run after the batch in flight, with the index saved
+        encoded, removed = _encode_batches(pipeline, writer, target, plan, streams, todo, bar, removed,
+                                           save_every_files, on_progress)
+    bar.close()
+    return encoded, removed
+
+
+def _encode_batches(pipeline, writer, target, plan: FilePlan, streams: dict, todo: list, bar, removed: int,
+                    save_every_files: int, on_progress) -> tuple[int, int]:
+    from rag_mag.serving.file_targets import take_staged
+
+    encoded, since_save, done = 0, 0, 0
     for batch in _batches(todo, FILES_PER_RUN):
         pipeline.run({"router": {"sources": [streams[f.name] for f in batch]}})
         staged = take_staged(writer)
@@ -203,11 +213,18 @@ def encode_files(pipeline, writer, target, plan: FilePlan, streams: dict, progre
             target.checkpoint_save()
             since_save = 0
         done += len(batch)
+        durable.fault_point("index:files")
         bar.update(len(batch))
         bar.set_postfix(chunks=encoded)
         if on_progress:
             on_progress(done, len(todo), encoded)
-    bar.close()
+        if stopping.requested() and done < len(todo):
+            target.checkpoint_save()
+            bar.close()
+            signum = stopping.requested()
+            raise stopping.Stopped(signum, f"stopped after {done} of {len(todo)} files by "
+                                           f"{stopping.signal_name(signum)}; the index holds them; run the same "
+                                           "command again to index the rest")
     return encoded, removed
 
 

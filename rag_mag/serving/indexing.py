@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_mag import durable
+from rag_mag import durable, stopping
 from rag_mag.components import faiss_index
 from rag_mag.components.checkpoints import load_checkpoint
 from rag_mag.components.document_embedder import RAW_NORM_KEY
@@ -217,19 +217,26 @@ class ShardedIndexer:
         started, encoded = time.perf_counter(), 0
         import torch
 
-        for chunk_start, passages in self._chunks(start + done, stop):
-            texts = [passage.content for passage in passages]
-            raw = encoder.encode(texts, side="document", batch_size=self.job.batch_size, treated=False,
-                                 bf16=plan["bf16"])
-            treated = treatment.apply(torch.from_numpy(raw)).numpy().astype(np.float32)
-            self._write_rows(folder, chunk_start - start, stop - start, plan["dim"], treated,
-                             np.linalg.norm(raw, axis=1).astype(np.float32))
-            durable.write_text(folder / PROGRESS_FILE, json.dumps({"rows_done": chunk_start - start + len(texts)}))
-            durable.fault_point("index:chunk")
-            encoded += len(texts)
-            release_free_memory()
-            if bar is not None:
-                bar.update(len(texts))
+        with stopping.graceful():  # a stop signal ends the run after the chunk in flight is written
+            for chunk_start, passages in self._chunks(start + done, stop):
+                texts = [passage.content for passage in passages]
+                raw = encoder.encode(texts, side="document", batch_size=self.job.batch_size, treated=False,
+                                     bf16=plan["bf16"])
+                treated = treatment.apply(torch.from_numpy(raw)).numpy().astype(np.float32)
+                self._write_rows(folder, chunk_start - start, stop - start, plan["dim"], treated,
+                                 np.linalg.norm(raw, axis=1).astype(np.float32))
+                rows_done = chunk_start - start + len(texts)
+                durable.write_text(folder / PROGRESS_FILE, json.dumps({"rows_done": rows_done}))
+                durable.fault_point("index:chunk")
+                encoded += len(texts)
+                release_free_memory()
+                if bar is not None:
+                    bar.update(len(texts))
+                if stopping.requested() and rows_done < stop - start:
+                    signum = stopping.requested()
+                    raise stopping.Stopped(signum, f"stopped after {rows_done} of {stop - start} passages of shard "
+                                                   f"{self.shard}/{self.shards} by {stopping.signal_name(signum)}; "
+                                                   f"saved in {folder}; run the same command again to resume")
         if bar is not None:
             bar.close()
         seconds = time.perf_counter() - started

@@ -109,3 +109,27 @@ def test_a_missing_path_and_an_unreadable_index_are_one_line(retriever, tmp_path
     assert main(["index", "--remove", "a.pdf", "--out", str(not_an_index)]) == 2
     assert "no index at" in capsys.readouterr().err
     fault_case.clear_error()
+
+
+def test_sigterm_while_indexing_files_keeps_the_finished_batches(retriever, tmp_path, fault_case):
+    import subprocess
+    import sys
+
+    from rag_mag.models import REPO_ROOT
+
+    docs, out = tmp_path / "docs", tmp_path / "index"
+    docs.mkdir()
+    for number in range(70):  # three batches of at most 32 files
+        (docs / f"note{number:02d}.txt").write_text(f"Note {number} says that the item weighs {number} grams.")
+    command = [sys.executable, "-m", "rag_mag.cli.main", "index", str(docs), "--out", str(out), "--retriever",
+               str(retriever)]
+    env = {**os.environ, "RAG_MAG_KILL_AT": "index:files#1", "RAG_MAG_FAULT_SIGNAL": "SIGTERM"}
+    stopped = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert "stopped after 32 of 70 files by SIGTERM" in stopped.stderr and "Traceback" not in stopped.stderr
+    faiss_index.verify_folder(out)
+    assert len({d.meta["file"] for d in FAISSDocumentStore(path=str(out)).filter_documents()}) == 32
+    resumed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.stdout.strip().splitlines()[-1].startswith("files: 38 added, 0 changed, 0 removed, 32 unchanged")
+    fault_case.survived()

@@ -93,6 +93,22 @@ def test_a_kill_mid_encoding_resumes_from_the_last_finished_chunk(setup, tmp_pat
     same_index(out, setup["reference"])
 
 
+def test_sigterm_mid_encoding_stops_after_the_chunk_and_resumes(setup, tmp_path):
+    out = tmp_path / "index"
+    env = {**os.environ, "RAG_MAG_KILL_AT": "index:chunk#2", "RAG_MAG_FAULT_SIGNAL": "SIGTERM",
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "rag_mag.cli.main", "index", "--retriever", str(setup["checkpoint"]),
+               "--corpus", str(setup["corpus"]), "--out", str(out), "--chunk-size", "8", "--batch-size", "5",
+               "--precision", "fp32"]
+    stopped = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert f"stopped after 16 of {COUNT} passages of shard 0/1 by SIGTERM" in stopped.stderr
+    assert "Traceback" not in stopped.stderr and not out.exists()
+    summary = run_index_job(job(setup, out), progress=False)
+    assert summary["encoding"]["resumed_after"] == 16
+    same_index(out, setup["reference"])
+
+
 def test_a_rerun_with_other_settings_is_refused_until_restart(setup, tmp_path):
     out = tmp_path / "index"
     run_index_job(job(setup, out), shard=(0, 2), progress=False)

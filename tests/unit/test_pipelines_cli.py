@@ -102,3 +102,10 @@ def test_report_format_shows_the_score_parts():
     text = format_report(report)
     assert "Answer: Paris" in text and "score 2.000 = 0.500 x 1.000 x 4.000" in text
     assert "[round 2]" in text and "2. follow-up" in text and "query 5.10" in text
+    assert "[[Paris]] is the capital" in text  # the answer marked in the excerpt
+    # a fused score (reciprocal rank fusion) is not called a product of the dense parts
+    fused = Document(id="p2", content="Rome.", score=0.03, meta={**document.meta, "hop": None})
+    keyword = Document(id="p3", content="Berlin.", score=0.02, meta={"title": "Berlin"})
+    text = format_report(answer_report("q", GeneratedAnswer(data="Rome", query="q", documents=[fused, keyword])))
+    assert "score 0.030 (fused rank score); dense score 0.500 x 1.000 x 4.000" in text
+    assert "score 0.020 (fused rank score); a keyword hit" in text
