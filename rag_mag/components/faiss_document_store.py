@@ -98,7 +98,7 @@ class FAISSDocumentStore:
         self._checkpoint: str | None = None
         self._strategy: str | None = None
         self._loaded = False
-        self._load_lock = threading.Lock()
+        self._load_lock = threading.RLock()  # reload() and a search's snapshot take it too
         self._deferring = False
         self._unsaved = False
 
@@ -250,27 +250,49 @@ class FAISSDocumentStore:
         faiss_index.configure_search(self._index, self.ef_search, self.nprobe)
         return self._index
 
+    def _snapshot(self) -> tuple[list[Document], np.ndarray, Any]:
+        """The documents, vectors and index as one consistent state: a ``reload()`` from another thread swaps
+        them under the same lock, and a search in flight keeps reading the state it started with."""
+        with self._load_lock:
+            self._ensure_loaded()
+            return self._documents, self._embeddings, self.faiss_index() if self._documents else None
+
     def search(self, query_embeddings: np.ndarray, top_k: int,
                filters: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Inner-product search: scores (m, k) and rows (m, k), best first; k = min(top_k, count).
 
         With Haystack ``filters`` only the matching Documents are ranked, exactly (a scan of their vectors),
         whatever the index type: a filter is for a user's files, not for a million passages."""
-        self._ensure_loaded()
+        return self._search(self._snapshot(), query_embeddings, top_k, filters)
+
+    def hits(self, query_embeddings: np.ndarray, top_k: int,
+             filters: dict[str, Any] | None = None) -> list[list[tuple[float, Document, np.ndarray]]]:
+        """``search``, with each hit's score, Document and vector taken from the same state as the ranking."""
+        snapshot = self._snapshot()
+        scores, rows = self._search(snapshot, query_embeddings, top_k, filters)
+        documents, embeddings, _ = snapshot
+        return [[(float(score), documents[row], embeddings[row]) for score, row in zip(query_scores, query_rows,
+                                                                                       strict=True) if row >= 0]
+                for query_scores, query_rows in zip(scores, rows, strict=True)]
+
+    @staticmethod
+    def _search(snapshot, query_embeddings: np.ndarray, top_k: int,
+                filters: dict[str, Any] | None) -> tuple[np.ndarray, np.ndarray]:
+        documents, embeddings, index = snapshot
         queries = np.ascontiguousarray(query_embeddings, dtype=np.float32)
-        if not self._documents:
+        if not documents:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        if queries.ndim != 2 or queries.shape[1] != self._embeddings.shape[1]:
+        if queries.ndim != 2 or queries.shape[1] != embeddings.shape[1]:
             raise DataError(f"query embeddings have shape {queries.shape}, the index holds vectors of dimension "
-                            f"{self._embeddings.shape[1]}; embed queries with the checkpoint the index was built with")
+                            f"{embeddings.shape[1]}; embed queries with the checkpoint the index was built with")
         if filters:
-            rows = np.asarray([row for row, document in enumerate(self._documents)
+            rows = np.asarray([row for row, document in enumerate(documents)
                                if document_matches_filter(filters, document)], dtype=np.int64)
-            scores = queries @ self._embeddings[rows].T  # (m, matching)
+            scores = queries @ embeddings[rows].T  # (m, matching)
             k = min(top_k, len(rows))
             best = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (m, k)
             return np.take_along_axis(scores, best, axis=1), rows[best] if len(rows) else best
-        index, k = self.faiss_index(), min(top_k, len(self._documents))
+        k = min(top_k, len(documents))
         if len(queries) >= faiss_index.BATCH_THRESHOLD:
             return index.search(queries, k)
         with faiss_index.single_thread():

@@ -98,22 +98,13 @@ class FAISSEmbeddingRetriever:
         """Retrieve for many queries at once: query_embeddings (m, dim) -> m lists of Documents."""
         top_k = _check_top_k(self.top_k if top_k is None else top_k)
         queries = np.asarray(query_embeddings, dtype=np.float32)
-        scores, rows = self.document_store.search(queries, top_k, filters)  # (m, k), (m, k)
         query_norms = np.linalg.norm(queries, axis=1)  # (m,)
         query_raw_norm = (query_meta or {}).get("raw_norm")
-        results = []
-        for query_norm, query_scores, query_rows in zip(query_norms, scores, rows, strict=True):
-            documents = []
-            for score, row in zip(query_scores, query_rows, strict=True):
-                if row < 0:  # fewer results than asked (approximate indexes)
-                    continue
-                documents.append(self._explained(int(row), float(score), float(query_norm), query_raw_norm))
-            results.append(documents)
-        return results
-
-    def _explained(self, row: int, score: float, query_norm: float, query_raw_norm: float | None) -> Document:
-        return explain_score(self.document_store.document_at(row), self.document_store.embedding_at(row), score,
-                             query_norm, query_raw_norm, keep_embedding=self.return_embedding)
+        # documents and vectors from the state the ranking used (the demo may reload the index meanwhile)
+        return [[explain_score(document, embedding, score, float(query_norm), query_raw_norm,
+                               keep_embedding=self.return_embedding) for score, document, embedding in query_hits]
+                for query_norm, query_hits in zip(query_norms, self.document_store.hits(queries, top_k, filters),
+                                                  strict=True)]
 
     def _check_checkpoint(self, query_meta: dict[str, Any]) -> None:
         indexed = self.document_store.manifest.get("checkpoint")

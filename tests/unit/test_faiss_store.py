@@ -337,3 +337,22 @@ def test_hnsw_mips_folder_with_a_bad_max_norm_is_refused(checkpoints, tmp_path):
     (folder / "manifest.json").write_text(json.dumps({**manifest, "mips_max_norm": -1}))
     with pytest.raises(CheckpointError, match="mips_max_norm"):
         FAISSDocumentStore(path=str(folder), index_type="hnsw_mips").count_documents()
+
+
+def test_hits_read_one_state_and_reload_sees_another_writer(tmp_path):
+    from rag_mag.components.faiss_retriever import FAISSEmbeddingRetriever
+
+    path = str(tmp_path / "index")
+    writer = FAISSDocumentStore(path=path)
+    writer.write_documents([Document(id="a", content="old a", embedding=[1.0, 0.0]),
+                            Document(id="b", content="old b", embedding=[0.0, 1.0])])
+    reader = FAISSDocumentStore(path=path)
+    hits = reader.hits(np.asarray([[1.0, 0.2]], dtype=np.float32), 2)
+    assert [(round(score, 3), document.id, document.content) for score, document, _ in hits[0]] == [
+        (1.0, "a", "old a"), (0.2, "b", "old b")]
+    writer.write_documents([Document(id="c", content="new c", embedding=[3.0, 0.0])])  # another process saves
+    retriever = FAISSEmbeddingRetriever(document_store=reader, top_k=1)
+    assert retriever.run(query_embedding=[1.0, 0.0])["documents"][0].id == "a"  # still the state it loaded
+    reader.reload()
+    top = retriever.run(query_embedding=[1.0, 0.0])["documents"][0]
+    assert (top.id, top.content, top.score) == ("c", "new c", 3.0)
