@@ -106,7 +106,8 @@ def _owner() -> tuple[int, int] | None:
         entry = pwd.getpwnam(SYSTEM_USER)
     except KeyError:
         logger.info("creating the system user %s to run PostgreSQL (it refuses to run as root)", SYSTEM_USER)
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER],
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"  # root's PATH may lack sbin
+        subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER],
                        check=True, capture_output=True, text=True)
         entry = pwd.getpwnam(SYSTEM_USER)
     return entry.pw_uid, entry.pw_gid
