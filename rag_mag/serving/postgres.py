@@ -107,8 +107,14 @@ def _owner() -> tuple[int, int] | None:
     except KeyError:
         logger.info("creating the system user %s to run PostgreSQL (it refuses to run as root)", SYSTEM_USER)
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"  # root's PATH may lack sbin
-        subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER],
-                       check=True, capture_output=True, text=True)
+        try:
+            subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER],
+                           check=True, capture_output=True, text=True)
+        except (OSError, subprocess.CalledProcessError) as error:
+            detail = (getattr(error, "stderr", None) or str(error)).strip()
+            raise ConfigError(f"cannot create the system user {SYSTEM_USER} that runs PostgreSQL (it refuses to run "
+                              f"as root): {detail}; run rag-mag as another user, or set {URL_ENV} to a server "
+                              "you run") from None
         entry = pwd.getpwnam(SYSTEM_USER)
     return entry.pw_uid, entry.pw_gid
 
