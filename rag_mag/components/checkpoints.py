@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
 _cache: dict[tuple, LoadedCheckpoint] = {}
+_fingerprints: dict[tuple, str] = {}
 _lock = threading.Lock()
 
 
@@ -60,13 +61,16 @@ def checkpoint_fingerprint(path: str | os.PathLike) -> str:
     if not (folder / CONFIG_NAME).is_file():
         raise CheckpointError(f"{folder} is not a rag-mag retriever checkpoint ({CONFIG_NAME} is missing); "
                               "train one with `rag-mag train --out DIR` or pass the right folder")
-    digest = hashlib.sha256()
-    for file in _checkpoint_files(folder):
-        digest.update(file.name.encode())
-        with open(file, "rb") as handle:
-            while chunk := handle.read(_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()[:16]
+    stamp = _stamp(folder)  # the files' sizes and times: the same stamp, the same hash (read once per process)
+    if stamp not in _fingerprints:
+        digest = hashlib.sha256()
+        for file in _checkpoint_files(folder):
+            digest.update(file.name.encode())
+            with open(file, "rb") as handle:
+                while chunk := handle.read(_CHUNK):
+                    digest.update(chunk)
+        _fingerprints[stamp] = digest.hexdigest()[:16]
+    return _fingerprints[stamp]
 
 
 def load_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:

@@ -13,7 +13,6 @@ and take the same changes, file by file:
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,7 +120,7 @@ class PgTarget:
 
     def replace(self, old_ids: list[str], documents: list[Document]) -> None:
         """One transaction: the file's old rows out, its new rows in (COPY)."""
-        from rag_mag.serving.pgvector import table_store
+        from rag_mag.serving.pgvector import copy_rows, table_store
         from rag_mag.serving.postgres import tag_table
 
         if not self._created and documents:
@@ -130,12 +129,7 @@ class PgTarget:
         with self.connection.transaction():
             if old_ids:
                 self.connection.execute(self._sql("DELETE FROM {table} WHERE id = ANY(%s)"), (old_ids,))
-            with self.connection.cursor().copy(self._sql("COPY {table} (id, embedding, content, meta) FROM STDIN")) \
-                    as copy:
-                for document in documents:
-                    vector = "[" + ",".join(repr(float(x)) for x in document.embedding) + "]"
-                    copy.write_row((document.id, vector, (document.content or "").replace("\x00", ""),
-                                    json.dumps(document.meta)))
+            copy_rows(self.connection, self.table, ((d.id, d.embedding, d.content, d.meta) for d in documents))
             if documents:
                 tag_table(self.connection, self.table, documents[0].meta[CHECKPOINT_KEY],
                           documents[0].meta[STRATEGY_KEY])

@@ -185,8 +185,15 @@ def check_table(url: str, table: str, checkpoint: str) -> dict[str, Any]:
     return tag
 
 
-def _vector_text(vector: np.ndarray) -> str:
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+def copy_rows(connection, table: str, rows) -> None:
+    """COPY ``(id, vector, content, meta)`` rows into ``table`` (Haystack's schema) inside the caller's transaction."""
+    from psycopg import sql
+
+    statement = sql.SQL("COPY {} (id, embedding, content, meta) FROM STDIN").format(sql.Identifier(table))
+    with connection.cursor().copy(statement) as copy:
+        for doc_id, vector, content, meta in rows:
+            copy.write_row((doc_id, "[" + ",".join(repr(float(x)) for x in vector) + "]",
+                            (content or "").replace("\x00", ""), json.dumps(meta)))
 
 
 def copy_index(index_dir: Path, table: str, progress: bool = True) -> dict[str, Any]:
@@ -204,14 +211,12 @@ def copy_index(index_dir: Path, table: str, progress: bool = True) -> dict[str, 
     url = os.environ[postgres.URL_ENV]
     with psycopg.connect(url) as connection, connection.transaction():
         connection.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table)))
-        statement = sql.SQL("COPY {} (id, embedding, content, meta) FROM STDIN").format(sql.Identifier(table))
-        with connection.cursor().copy(statement) as copy:
-            for row, record in enumerate(tqdm(records, total=len(ids), unit="row", desc=f"COPY into {table}",
-                                              disable=not progress)):
-                meta = {**(record.get("meta") or {}), CHECKPOINT_KEY: manifest["checkpoint"],
-                        STRATEGY_KEY: manifest["strategy"]}
-                copy.write_row((record["id"], _vector_text(vectors[row]), (record.get("content") or "").replace(
-                    "\x00", ""), json.dumps(meta)))
+        provenance = {CHECKPOINT_KEY: manifest["checkpoint"], STRATEGY_KEY: manifest["strategy"]}
+        copy_rows(connection, table, ((record["id"], vectors[row], record.get("content"),
+                                       {**(record.get("meta") or {}), **provenance})
+                                      for row, record in enumerate(tqdm(records, total=len(ids), unit="row",
+                                                                        desc=f"COPY into {table}",
+                                                                        disable=not progress))))
         postgres.tag_table(connection, table, manifest["checkpoint"], manifest["strategy"])
     seconds = time.perf_counter() - started
     return {"table": table, "rows": len(ids), "checkpoint": manifest["checkpoint"], "strategy": manifest["strategy"],
