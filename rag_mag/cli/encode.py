@@ -43,7 +43,7 @@ def _encode(args: argparse.Namespace, out: Path) -> int:
     from rag_mag.data import read_corpus, read_eval
     from rag_mag.retriever.encoder import MagnitudeEncoder
 
-    encoder = MagnitudeEncoder.load(args.retriever)
+    encoder = MagnitudeEncoder.load(args.retriever, inference=True)
     if args.corpus:
         passages = read_corpus(args.corpus)
         ids, texts, side = [p.id for p in passages], [p.content for p in passages], "document"

@@ -85,7 +85,7 @@ def load_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
         if cached is not None:
             return cached
         logger.info("loading retriever checkpoint %s", folder)
-        encoder = MagnitudeEncoder.load(folder)
+        encoder = MagnitudeEncoder.load(folder, inference=True)
         loaded = LoadedCheckpoint(path=str(folder), encoder=encoder, fingerprint=checkpoint_fingerprint(folder))
         for stale in [k for k in _cache if k[0] == str(folder)]:
             del _cache[stale]

@@ -23,6 +23,7 @@ import torch
 
 from rag_mag import durable
 from rag_mag.errors import CheckpointError, ConfigError
+from rag_mag.retriever import bert
 from rag_mag.retriever.strategies import DegreeParameters, SideTreatment, Strategy, treat
 
 logger = logging.getLogger(__name__)
@@ -112,10 +113,12 @@ class MagnitudeEncoder(torch.nn.Module):
         return cls(model, tokenizer, config)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> MagnitudeEncoder:
-        """Load a checkpoint folder written by ``save``; fails clearly if it is missing or corrupt."""
-        from transformers import AutoModel, AutoTokenizer
+    def load(cls, path: str | os.PathLike, inference: bool = False) -> MagnitudeEncoder:
+        """Load a checkpoint folder written by ``save``; fails clearly if it is missing or corrupt.
 
+        ``inference=True`` reads a BERT checkpoint into ``rag_mag.retriever.bert`` (the same forward pass
+        without importing transformers, about 2 s faster): such an encoder embeds but cannot be trained or saved.
+        """
         folder = resolve_checkpoint_dir(path)
         config_file = folder / CONFIG_NAME
         if not folder.is_dir():
@@ -130,9 +133,16 @@ class MagnitudeEncoder(torch.nn.Module):
             raise CheckpointError(f"corrupt checkpoint config {config_file}: {error}") from None
         _refuse_pickled_weights(folder, CheckpointError)
         try:
-            model = AutoModel.from_pretrained(folder, use_safetensors=True)
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-        except Exception as error:  # transformers raises many types for a damaged folder
+            if inference and bert.supports(folder):
+                model, tokenizer = bert.load(folder)
+            else:
+                from transformers import AutoModel, AutoTokenizer
+
+                model = AutoModel.from_pretrained(folder, use_safetensors=True)
+                tokenizer = AutoTokenizer.from_pretrained(folder)
+        except CheckpointError:
+            raise
+        except Exception as error:  # transformers and safetensors raise many types for a damaged folder
             raise CheckpointError(f"corrupt checkpoint weights in {folder}: {error}. Retrain or restore "
                                   "the folder from a backup") from None
         encoder = cls(model, tokenizer, config)
@@ -161,6 +171,9 @@ class MagnitudeEncoder(torch.nn.Module):
     def write_files(self, folder: str | os.PathLike) -> None:
         """Write weights, tokenizer and ``rag_mag.json`` into an existing folder (no swap, no fsync)."""
         folder = Path(folder)
+        if not hasattr(self.model, "save_pretrained"):
+            raise CheckpointError("this encoder was loaded for inference only; load the checkpoint with "
+                                  "MagnitudeEncoder.load(path) to train or save it")
         self.config.query_degree, self.config.document_degree = self.degrees.as_floats()
         self.model.save_pretrained(folder, safe_serialization=True)
         self.tokenizer.save_pretrained(folder)
