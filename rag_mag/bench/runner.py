@@ -43,15 +43,18 @@ logger = logging.getLogger(__name__)
 
 
 class BenchRunner:
-    def __init__(self, config: BenchConfig, config_path: str, command: str, only: list[str] | None = None) -> None:
+    def __init__(self, config: BenchConfig, config_path: str, command: str, only: list[str] | None = None,
+                 pg_url: str | None = None) -> None:
         """``only``: score just these systems (strategies or baselines) and write no report; a configured
-        retriever that is not trained yet is then skipped instead of refused."""
+        retriever that is not trained yet is then skipped instead of refused. ``pg_url``: the PostgreSQL of
+        pgvector pipelines (default: ``$RAG_MAG_PG_URL``, else the server of ``rag-mag db start``)."""
         valid = [*config.strategies, *config.baselines]
         unknown = [name for name in only or () if name not in valid]
         if unknown:
             raise ConfigError(f"--only: {', '.join(unknown)} is not a system of this config; its systems are: "
                               + ", ".join(valid))
         self.only = list(only or ())
+        self.pg_url = pg_url
         self.config = config
         self.config_path = config_path
         self.command = command
@@ -114,18 +117,19 @@ class BenchRunner:
             logger.info("indexed and ranked %d (retriever, dataset) pairs in %.0f s, before starting vLLM", ranked,
                         time.perf_counter() - started)
         cells, failures = [], []
-        for base in (False, True):  # the reader's rows, then (on a server of its own) the base reader's
-            phase = [(dataset, row) for dataset, row in work if row.base == base]
-            model = self.config.base_reader if base else self.config.reader
-            pending = any(self._saved(dataset, row, scorer) is None for dataset, row in phase)
-            url = self.config.llm_url if not base else (self.config.base_reader_url or None)
-            server = running_server(url, start=self.config.start_llm, model=model, free_port=base) \
-                if pending else nullcontext()
-            with server as llm_url:  # every cell done earlier: no server needed to write the report
-                scorer.llm_url, scorer.llm_model = llm_url, model
-                done, failed = self.score_cells(phase, scorer)
-            cells += done
-            failures += failed
+        with self.database(work, scorer) as scorer.pg_url:
+            for base in (False, True):  # the reader's rows, then (on a server of its own) the base reader's
+                phase = [(dataset, row) for dataset, row in work if row.base == base]
+                model = self.config.base_reader if base else self.config.reader
+                pending = any(self._saved(dataset, row, scorer) is None for dataset, row in phase)
+                url = self.config.llm_url if not base else (self.config.base_reader_url or None)
+                server = running_server(url, start=self.config.start_llm, model=model, free_port=base) \
+                    if pending else nullcontext()
+                with server as llm_url:  # every cell done earlier: no server needed to write the report
+                    scorer.llm_url, scorer.llm_model = llm_url, model
+                    done, failed = self.score_cells(phase, scorer)
+                cells += done
+                failures += failed
         if not cells:
             raise CellFailed("every benchmark cell failed; see the errors above: " +
                              "; ".join(f"{f['dataset']}/{f['system']}: {f['error']}" for f in failures[:3]))
@@ -135,6 +139,18 @@ class BenchRunner:
             return self.out
         predictors = side_predictors(datasets, train_file, self.config)
         return write_outputs(self, cells, predictors, datasets, failures)
+
+    def database(self, work: list[tuple[EvalDataset, Row]], scorer):
+        """The PostgreSQL server's URL while the cells are scored, when an unfinished cell's pipeline reads pgvector
+        (started if none runs, and then stopped at the end); else ``None``."""
+        from rag_mag.bench.pg_tables import uses_pgvector
+        from rag_mag.serving import pgvector
+
+        needs = {row.pipeline.path for dataset, row in work if row.pipeline is not None and not row.system.missing
+                 and self._saved(dataset, row, scorer) is None}
+        if not any(uses_pgvector(resolve_pipeline(path)) for path in needs):
+            return nullcontext()
+        return pgvector.using_server(self.pg_url)
 
     def rank_first(self, work: list[tuple[EvalDataset, Row]], scorer) -> int:
         """Index and rank each corpus that an unfinished dense cell needs, before the vLLM server starts: encoding

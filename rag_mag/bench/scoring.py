@@ -47,8 +47,11 @@ from rag_mag.bench.generation import (
     parameter_overrides,
     resolve_pipeline,
 )
+from rag_mag.bench.pg_tables import ensure_table, serialize_queries, uses_pgvector
 from rag_mag.metrics.answers import clean_answer
 from rag_mag.models import artifacts_dir
+from rag_mag.serving.pgvector import table_overrides
+from rag_mag.serving.pipelines import read_pipeline_dict
 
 logger = logging.getLogger(__name__)
 RETRIEVAL_CONCURRENCY = 4  # the retrieval pipeline is CPU-bound (no server to wait for)
@@ -63,6 +66,7 @@ class CellScorer:
         self.config = config
         self.llm_url = llm_url
         self.llm_model = config.reader  # the model every generator asks for (the base reader's phase: its own)
+        self.pg_url: str | None = None  # the PostgreSQL server's, for pgvector pipelines; set while it is up
         self.cache = cache
         self.components = components or {}
         self._indexes: dict[tuple[str, str], BuiltIndex] = {}
@@ -75,9 +79,11 @@ class CellScorer:
         return next((entry.name for entry in self.config.pipeline_entries() if entry.covers(dataset)), None)
 
     def _pipeline(self, path: str, values: dict[str, Any], required: tuple[str, ...], concurrency: int,
-                  generators: bool = True) -> BenchPipeline:
+                  generators: bool = True, extra: dict[str, Any] | None = None) -> BenchPipeline:
+        """``values``: by the pipeline's declared short names; ``extra``: ``component.param`` overrides."""
         resolved = resolve_pipeline(path)
         overrides = parameter_overrides(resolved, values, required)
+        overrides.update(extra or {})
         if generators:
             if self.llm_url is None:
                 raise RuntimeError(f"{path} needs the vLLM server, which is not up yet")
@@ -148,13 +154,23 @@ class CellScorer:
             return self._read(view, [[] for _ in view.records], row.name)
         raise ValueError(f"unknown reader baseline {system.name!r}; valid ones are: bm25, closed_book, oracle")
 
+    def table(self, dataset: EvalDataset, checkpoint: Path) -> str:
+        """The PostgreSQL table holding the checkpoint's index of the dataset's corpus (copied once, then reused)."""
+        if self.pg_url is None:
+            raise RuntimeError("a pgvector pipeline needs the PostgreSQL server, which is not up yet")
+        return ensure_table(self.pg_url, dataset.name, self.index(dataset, checkpoint).path)
+
     def _dense(self, dataset: EvalDataset, checkpoint: Path, entry: PipelineEntry, name: str) -> dict:
         view = self._answered(dataset, entry)
         ranking = self.ranking(dataset, checkpoint)
-        pipeline = self._pipeline(entry.path, {"index": str(self.index(dataset, checkpoint).path),
-                                               "retriever": str(checkpoint), "top_k": self.config.rag_top_k,
-                                               "max_tokens": self.config.max_tokens},
-                                  ("index", "retriever"), self.config.concurrency)
+        values = {"retriever": str(checkpoint), "top_k": self.config.rag_top_k, "max_tokens": self.config.max_tokens}
+        if uses_pgvector(resolve_pipeline(entry.path)):  # the index, copied into a table of its own
+            extra = table_overrides(read_pipeline_dict(resolve_pipeline(entry.path)), self.table(dataset, checkpoint))
+            pipeline = self._pipeline(entry.path, values, ("retriever",), self.config.concurrency, extra=extra)
+            serialize_queries(pipeline.pipeline)
+        else:
+            pipeline = self._pipeline(entry.path, {"index": str(self.index(dataset, checkpoint).path), **values},
+                                      ("index", "retriever"), self.config.concurrency)
         results = pipeline.run_many([{"question": r.question} for r in view.records], answer_result,
                                     progress=f"{dataset.name}/{name}")
         cell = self._answers(view, [r["reply"] for r in results])

@@ -36,6 +36,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "base_cosine; list several after one --only or repeat it) and write no report: to "
                              "finish a long benchmark piece by piece, e.g. each retriever right after it is "
                              "trained. Configured retrievers that are not trained yet are skipped")
+    parser.add_argument("--pg-url", default=None, help="PostgreSQL URL for pipelines on pgvector (rag_hybrid.yaml; "
+                        "default: $RAG_MAG_PG_URL, else the server of `rag-mag db start`, started if none runs and "
+                        "stopped at the end)")
     return parser
 
 
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     writable.check_writable(config.out_dir(), f"the benchmark folder {config.out_dir()}")  # before any model loads
     # the whole report folder: cells, retrievers.json and the generation cache are shared by every system
     with durable.job_lock(durable.lock_path(config.out_dir()), f"the benchmark folder {config.out_dir()}"):
-        out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]]), only=args.only).run()
+        out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]]), only=args.only,
+                          pg_url=args.pg_url).run()
     if args.only:
         print(f"cells: {out / 'cells'} (no report with --only: run without it once every system is scored)")
     else:

@@ -368,9 +368,12 @@ def test_shipped_configs_load_and_score_both_pipelines():
 
     configs = {name: load_bench_config(REPO_ROOT / "eval" / "configs" / f"{name}.yaml")
                for name in ("quick", "cpu", "gpu")}
+    assert [entry.name for entry in configs["quick"].pipeline_entries()] == ["rag", "rag_multihop"]
+    assert [entry.name for entry in configs["cpu"].pipeline_entries()] == ["rag", "rag_multihop", "rag_hybrid"]
     for name in ("quick", "cpu"):
-        assert [entry.name for entry in configs[name].pipeline_entries()] == ["rag", "rag_multihop"], name
         assert "oracle" in configs[name].baselines, name
+    hybrid = configs["cpu"].pipeline_entries()[2]  # every set, the same questions as rag.yaml: paired with rag rows
+    assert not hybrid.datasets and configs["cpu"].answered_by(hybrid) == configs["cpu"].answered_by(None)
     multihop = configs["cpu"].pipeline_entries()[1]
     assert set(multihop.datasets) == {"hotpot_qa", "musique", "2wikimultihopqa"} and multihop.answer_questions
     assert "2wikimultihopqa" in configs["cpu"].datasets
@@ -568,12 +571,15 @@ def test_the_pipeline_flag_replaces_the_configs_pipelines(tmp_path, monkeypatch)
     seen = {}
 
     class Runner:
-        def __init__(self, config, path, command, only=None):
+        def __init__(self, config, path, command, only=None, pg_url=None):
             seen["entries"] = config.pipeline_entries()
+            seen["pg_url"] = pg_url
 
         def run(self):
             return tmp_path
 
     monkeypatch.setattr("rag_mag.bench.runner.BenchRunner", Runner)
     assert bench.run(args) == 0
-    assert [entry.path for entry in seen["entries"]] == ["mine.yaml", "b.yaml"]
+    assert [entry.path for entry in seen["entries"]] == ["mine.yaml", "b.yaml"] and seen["pg_url"] is None
+    args = parser.parse_args(["bench", "eval/configs/quick.yaml", "--pg-url", "postgresql://u@db:5432/rag"])
+    assert bench.run(args) == 0 and seen["pg_url"] == "postgresql://u@db:5432/rag"
