@@ -41,6 +41,8 @@ def _port(value: str) -> int:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.demo.service import DEFAULT_MAX_TOP_K, DEFAULT_MAX_UPLOAD_MB
+    from rag_mag.models import default_retriever_dir
+    from rag_mag.serving.pgvector import DEFAULT_TABLE
     from rag_mag.serving.pipelines import default_pipeline
 
     parser = subparsers.add_parser(
@@ -49,7 +51,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "did (score = cosine x query norm x document norm), cosine and qnorm side by side; a JSON API "
                     "(POST /api/ask) and an OpenAI-compatible endpoint (POST /v1/chat/completions, model = index). "
                     "By default it serves every index built under artifacts/ (rag-mag quickstart --train-only "
-                    "builds qnorm and cosine), named by strategy.")
+                    "builds qnorm and cosine), named by strategy. With a pipeline on PostgreSQL "
+                    "(--pipeline pipelines/rag_pgvector.yaml or rag_hybrid.yaml) it serves one table instead "
+                    f"(--table, default {DEFAULT_TABLE}, which `rag-mag export-index INDEX_DIR --pgvector` and "
+                    "`rag-mag index PATH --store pgvector` write), on the server of `rag-mag db start` (started "
+                    "with the demo and stopped with it when none runs) or --pg-url; the documents panel then lists "
+                    "the table's files, and files are added with `rag-mag index PATH --store pgvector`.")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port to bind (default %(default)s)")
     parser.add_argument("--pipeline", default=str(default_pipeline("rag")),
@@ -58,7 +65,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--index", dest="indexes", action="append", default=[],
                         metavar="NAME=INDEX_DIR:RETRIEVER_DIR",
                         help="an index to serve and the retriever that built it (repeatable; default: every "
-                             "index-X folder under artifacts/ with its retriever-X)")
+                             "index-X folder under artifacts/ with its retriever-X); for pipelines on a FAISS index")
+    parser.add_argument("--table", default=None,
+                        help=f"PostgreSQL table to serve, for pipelines on pgvector (default {DEFAULT_TABLE})")
+    parser.add_argument("--pg-url", default=None,
+                        help="PostgreSQL URL for pipelines on pgvector (default: $RAG_MAG_PG_URL, else the server "
+                             "of `rag-mag db start`, started with the demo if none runs and stopped with it)")
+    parser.add_argument("--retriever", default=None,
+                        help=f"retriever checkpoint the table was filled with, for pipelines on pgvector (default "
+                             f"{default_retriever_dir()}); the table's tag must name it")
     parser.add_argument("--llm-url", default=None,
                         help="vLLM server base URL (default: $RAG_MAG_VLLM_URL, else http://127.0.0.1:8000/v1)")
     parser.add_argument("--max-concurrency", type=_positive, default=8,
@@ -102,26 +117,57 @@ def allowed_hosts(args: argparse.Namespace) -> list[str]:
     return [*LOCAL_HOSTS, *bound, *args.allowed_hosts]
 
 
+def uses_table(args: argparse.Namespace) -> bool:
+    """Whether the pipeline reads a PostgreSQL table; the flags of the other kind of index are refused."""
+    from rag_mag.serving import pgvector
+    from rag_mag.serving.pipelines import read_pipeline_dict
+
+    on_table = bool(pgvector.pipeline_stores(read_pipeline_dict(args.pipeline)))
+    if on_table and args.indexes:
+        raise ConfigError(f"{args.pipeline} reads a PostgreSQL table, not an index folder: pass --table NAME (and "
+                          "--retriever DIR) instead of --index")
+    wrong = [flag for flag, value in (("--table", args.table), ("--pg-url", args.pg_url),
+                                      ("--retriever", args.retriever)) if value is not None]
+    if not on_table and wrong:
+        raise ConfigError(f"{' and '.join(wrong)} are for pipelines on PostgreSQL, and {args.pipeline} reads FAISS "
+                          "index folders (--index); serve a table with --pipeline pipelines/rag_pgvector.yaml")
+    return on_table
+
+
 def run(args: argparse.Namespace) -> int:
+    import contextlib
+
     import uvicorn
 
     from rag_mag.demo.app import create_app
     from rag_mag.demo.loading import load_index
     from rag_mag.demo.service import DemoService
-    from rag_mag.serving import llm_preflight, llm_records, llm_server
+    from rag_mag.models import default_retriever_dir
+    from rag_mag.serving import llm_preflight, llm_records, llm_server, pgvector
 
-    specs = resolve_indexes(args.indexes)
+    on_table = uses_table(args)
+    specs = [] if on_table else resolve_indexes(args.indexes)
+    if on_table:
+        pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)
     if llm_records.port_in_use(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (another demo?); stop it or choose "
                           "another with --port")
-    with llm_server.running_server(args.llm_url, start=args.start_llm,
-                                   not_running_hint="; or pass --start-llm to start it with the demo") as url:
+    with contextlib.ExitStack() as stack:
+        if on_table:  # a server started here is stopped when the demo stops
+            from rag_mag.demo.tables import table_spec
+
+            pg_url = stack.enter_context(pgvector.using_server(args.pg_url))
+            specs = [table_spec(args.table or pgvector.DEFAULT_TABLE, args.retriever or default_retriever_dir(),
+                                pg_url)]
+        url = stack.enter_context(llm_server.running_server(
+            args.llm_url, start=args.start_llm, not_running_hint="; or pass --start-llm to start it with the demo"))
         loaded = [load_index(spec, args.pipeline, url) for spec in specs]
         llm_preflight.check_pipeline_servers(loaded[0].pipeline)  # the served model is the one the pipeline names
         service = DemoService(loaded, url, max_concurrency=args.max_concurrency, max_waiting=args.max_waiting,
                               max_top_k=args.max_top_k, max_upload_mb=args.max_upload_mb)
         logger.info("serving %s with %s; generation at %s", ", ".join(
-            f"{item.spec.name} ({item.strategy}, {item.documents} passages)" for item in loaded), args.pipeline, url)
+            f"{item.spec.name} ({item.strategy}, {item.documents} passages"
+            f"{f', table {item.spec.table}' if item.spec.table else ''})" for item in loaded), args.pipeline, url)
         logger.info("open http://%s:%d in a browser (Ctrl-C stops the demo)", args.host, args.port)
         app = create_app(service, allowed_hosts=allowed_hosts(args))
         uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False,

@@ -8,6 +8,9 @@ that store reads the saved folder again (``FAISSDocumentStore.reload``).
 
 One job runs at a time per index. A request that comes while one runs is queued: it joins the one queued job
 (which indexes the whole folder, so it covers every request that joined it) and gets that job's id.
+
+An index on a PostgreSQL table (``rag-mag serve --table``) lists the table's files and takes no uploads
+(``rag_mag.demo.tables``): it is filled with ``rag-mag index PATH --store pgvector``.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ class IndexDocuments:
     def __init__(self, loaded: LoadedIndex) -> None:
         self.loaded = loaded
         self.name = loaded.spec.name
-        self.uploads = uploads_dir(loaded.spec.index_dir)
+        self.table = loaded.spec.table
+        self.uploads = uploads_dir(loaded.spec.index_dir) if self.table is None else None
         self._lock = threading.Lock()
         self._running: Job | None = None
         self._queued: Job | None = None
@@ -100,6 +104,10 @@ class IndexDocuments:
 
     def indexed_files(self) -> list[dict[str, Any]]:
         """``[{file, chunks, uploaded}]`` of the served store (``uploaded``: it came from the uploads folder)."""
+        if self.table is not None:  # read each time: `rag-mag index --store pgvector` may be writing the table
+            from rag_mag.demo.tables import table_files
+
+            return table_files(self.loaded)
         with self._lock:
             if self._files is not None:
                 return self._files
@@ -115,13 +123,22 @@ class IndexDocuments:
 
     def uploaded_names(self) -> list[str]:
         """The files in the uploads folder (dot names are partial writes, and the indexing skips them too)."""
-        if not self.uploads.is_dir():
+        if self.uploads is None or not self.uploads.is_dir():
             return []
         return sorted(entry.name for entry in os.scandir(self.uploads)
                       if not entry.name.startswith(".") and entry.is_file(follow_symlinks=False))
 
+    def check_writable(self) -> None:
+        """409 for a table: the uploads and deletes of the panel write FAISS index folders only."""
+        if self.table is not None:
+            from rag_mag.demo.tables import refuse_uploads
+
+            refuse_uploads(self.loaded)
+
     def public(self, text: str) -> str:
         """``text`` without the absolute folder the index lives in (the API shows folder names, never paths)."""
+        if self.loaded.spec.index_dir is None:
+            return text
         parent = self.loaded.spec.index_dir.parent
         for prefix in {str(parent.resolve()), str(parent.absolute()), str(parent)}:
             if prefix not in ("", "."):

@@ -8,6 +8,9 @@ Routes (rag_mag/demo/app.py):
   DELETE /api/documents?index=NAME&file=NAME   the uploaded file leaves the folder, a job drops its chunks -> 202
   GET    /api/documents/jobs/{id}              a job: state, files done / total, chunks encoded, summary, skipped
 
+An index on a PostgreSQL table lists the table's files; its uploads and deletes are refused with 409 and the
+``rag-mag index ... --store pgvector`` command that does them (rag_mag/demo/tables.py).
+
 Every file is checked before anything is written: a plain file name (no ``/``, ``\\``, ``..``, leading dot,
 control character) else 400; an extension of ``rag_mag.serving.files.FILE_TYPES`` else 415; at most
 ``max_upload_mb`` else 413. A multipart POST can be sent from any web page without a CORS preflight, so the
@@ -116,7 +119,8 @@ class Documents:
         job = documents.current_job()
         return {"index": documents.name, "files": [{**entry, "indexed": True} for entry in indexed] + waiting,
                 "chunks": sum(entry["chunks"] for entry in indexed), "documents": documents.loaded.documents,
-                "uploads_dir": documents.uploads.name, "max_upload_mb": self.service.max_upload_mb,
+                "uploads_dir": documents.uploads.name if documents.uploads else None, "table": documents.table,
+                "max_upload_mb": self.service.max_upload_mb,
                 "max_files_per_upload": MAX_FILES_PER_UPLOAD, "types": sorted(FILE_TYPES),
                 "job": job.to_dict() if job else None}
 
@@ -132,6 +136,7 @@ class Documents:
         """Check every file of a multipart upload, write them all into the uploads folder, start a job."""
         check_upload_header(request)
         documents = self.index(index)
+        documents.check_writable()
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "multipart/form-data":
             raise RequestError(f"send the files as multipart/form-data (a form with one or more file fields), got "
@@ -201,6 +206,7 @@ class Documents:
     def delete(self, index: Any, name: Any) -> Job:
         """Remove an uploaded file from the folder and start a job that drops its chunks; 404 for another file."""
         documents = self.index(index)
+        documents.check_writable()
         name = check_file_name(name)
         target = documents.uploads / name
         indexed = {entry["file"]: entry for entry in documents.indexed_files()}

@@ -21,11 +21,13 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 @dataclass(frozen=True)
 class IndexSpec:
-    """One selectable index: a name shown on the page (and used as the OpenAI ``model``), and its two folders."""
+    """One selectable index: a name shown on the page (and used as the OpenAI ``model``), and its two folders;
+    or, for a pipeline on pgvector, the PostgreSQL ``table`` instead of the index folder (``index_dir`` None)."""
 
     name: str
-    index_dir: Path
+    index_dir: Path | None
     retriever_dir: Path
+    table: str | None = None
 
 
 def check_name(name: str, where: str) -> str:

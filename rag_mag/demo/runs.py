@@ -52,6 +52,8 @@ class PipelineRun:
             inputs.setdefault(name, {})["top_k"] = self.top_k
             if self.filters:
                 inputs[name]["filters"] = self.filters
+        for name in self.loaded.joiners:
+            inputs.setdefault(name, {})["top_k"] = self.top_k
         for name in self.loaded.answer_generators:
             inputs.setdefault(name, {}).update(streaming_callback=on_chunk, generation_kwargs=self.generation_kwargs)
         return inputs
@@ -66,7 +68,8 @@ class PipelineRun:
             if chunk.content:
                 queue.put_nowait(("token", chunk.content))
 
-        keep = set(self.loaded.retrievers) | set(self.loaded.answer_generators) | outputs_to_report(pipeline)
+        source_components = self.loaded.source_components or self.loaded.retrievers
+        keep = set(source_components) | set(self.loaded.answer_generators) | outputs_to_report(pipeline)
 
         async def drive() -> None:
             final: dict[str, Any] = {}
@@ -74,7 +77,7 @@ class PipelineRun:
             try:
                 async for partial in pipeline.run_async_generator(self.inputs(on_chunk), include_outputs_from=keep):
                     final = partial
-                    for name in self.loaded.retrievers:
+                    for name in source_components:
                         documents = (partial.get(name) or {}).get("documents")
                         ids = None if documents is None else [document.id for document in documents]
                         if ids is not None and ids != sent:  # the last yield (all outputs) repeats them
@@ -114,6 +117,13 @@ class PipelineRun:
         """The error a user should see: ours unwrapped, vLLM trouble as ServerNotRunningError or a 4xx/502."""
         from rag_mag.serving.pipelines import LLMRequestError, PromptTooLongError, explain_run_error
 
+        if self.loaded.spec.table is not None:
+            from rag_mag.demo.tables import database_error
+
+            lost = database_error(error)
+            if lost is not None:
+                logger.warning("index %s: %s", self.loaded.spec.name, lost)
+                return lost
         explained = explain_run_error(error)
         if explained is None:
             return error

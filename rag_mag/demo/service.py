@@ -60,10 +60,12 @@ class DemoService:
 
     # ------------------------------------------------------------------------------ what it serves
     def index_info(self) -> list[dict[str, Any]]:
-        """What the API shows of each index: folder names only, never paths on the server's disk."""
+        """What the API shows of each index: folder names only, never paths on the server's disk (``table``: the
+        PostgreSQL table of an index on pgvector, else None)."""
         return [{"name": name, "strategy": loaded.strategy, "documents": loaded.documents,
                  "default_top_k": min(loaded.top_k, self.max_top_k), "default": name == self.default_index,
-                 "index_dir": loaded.spec.index_dir.name, "retriever_dir": loaded.spec.retriever_dir.name}
+                 "index_dir": loaded.spec.index_dir.name if loaded.spec.index_dir else None,
+                 "table": loaded.spec.table, "retriever_dir": loaded.spec.retriever_dir.name}
                 for name, loaded in self.indexes.items()]
 
     def load(self) -> dict[str, int]:

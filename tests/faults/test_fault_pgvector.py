@@ -1,6 +1,6 @@
 """Faults of the PostgreSQL path, against real servers: a wrong password, an unreachable URL, a server that goes
-down before `ask`, kill -9 of the server while a folder is indexed, two writers of one table, and filter values
-full of SQL."""
+down before `ask` and during the demo (`rag-mag serve` on a table, with the real vLLM server), kill -9 of the
+server while a folder is indexed, two writers of one table, and filter values full of SQL."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from rag_mag.cli.main import main
@@ -165,3 +166,47 @@ def _faiss_chunks(index: Path) -> dict[str, list[int]]:
     for document in FAISSDocumentStore(path=str(index)).filter_documents():
         grouped.setdefault(document.meta["file"], []).append(document.meta["chunk_index"])
     return grouped
+
+
+def test_the_server_down_during_the_demo_is_one_line_and_the_demo_recovers(private_server, vllm_server, tmp_path,
+                                                                            fault_case):
+    from tests.integration.demo_support import QUESTION, DemoProcess, demo_indexes
+
+    folder, port, url = private_server
+    qnorm = demo_indexes(tmp_path / "indexes")[0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(postgres.URL_ENV, url)
+        assert main(["export-index", str(qnorm.index_dir), "--pgvector", "test_demo_down"]) == 0
+    demo = DemoProcess([], vllm_server, tmp_path / "serve.log", "--pipeline", RAG_PGVECTOR, "--table",
+                       "test_demo_down", "--pg-url", url, "--retriever", str(qnorm.retriever_dir))
+
+    def ask() -> httpx.Response:
+        return httpx.post(f"{demo.url}/api/ask", json={"question": QUESTION, "top_k": 3}, timeout=300.0)
+
+    try:
+        demo.wait_ready()
+        assert ask().status_code == 200
+        postgres.stop(folder)
+        try:
+            started = time.perf_counter()
+            down = ask()
+            seconds = time.perf_counter() - started
+            error = down.json()["error"]
+            assert down.status_code == 503 and seconds < 2.0, (down.status_code, seconds, error)
+            assert error["code"] == "database_unavailable" and len(error["message"].splitlines()) == 1
+            assert f"lost PostgreSQL at {postgres.redact(url)}" in error["message"] and "***" in error["message"]
+            assert postgres.read_password(folder) not in error["message"]
+            assert "`rag-mag db start`" in error["message"]
+            streamed = httpx.post(f"{demo.url}/api/ask/stream", json={"question": QUESTION}, timeout=300.0)
+            assert streamed.status_code == 503 and streamed.json()["error"]["code"] == "database_unavailable"
+        finally:
+            postgres.start(folder, port)
+        back = ask()  # the same demo process: its stores open new connections
+        assert back.status_code == 200, back.text
+        assert back.json()["answer"].strip() and len(back.json()["sources"]) == 3
+    finally:
+        assert demo.stop() == 0
+    log = demo.log_path.read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert sum("lost PostgreSQL" in line for line in log.splitlines()) == 2, log[-3000:]  # one line per question
+    fault_case.survived()

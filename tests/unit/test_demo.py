@@ -221,3 +221,44 @@ def test_shared_embedder_is_safe_from_many_threads(built):
     assert not errors
     for i, vector in enumerate(expected):
         np.testing.assert_allclose(results[i], vector, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ a PostgreSQL table
+def test_a_lost_database_in_a_run_is_one_line_without_the_password(monkeypatch):
+    import psycopg
+    from haystack.core.errors import PipelineRuntimeError
+    from haystack.document_stores.errors import DocumentStoreError
+
+    from rag_mag.demo.app import error_body, error_status
+    from rag_mag.demo.tables import database_error
+
+    url = "postgresql://ragmag:s3cret@127.0.0.1:5999/ragmag"
+    monkeypatch.setenv("RAG_MAG_PG_URL", url)
+    try:  # the chain Haystack raises: the pipeline's error <- the store's <- psycopg's
+        try:
+            try:
+                raise psycopg.OperationalError(f"connection to {url} failed: Connection refused\n\tIs it running?")
+            except psycopg.OperationalError as lost:
+                raise DocumentStoreError("Could not retrieve documents") from lost
+        except DocumentStoreError as store_error:
+            raise PipelineRuntimeError("retriever", object, "failed") from store_error
+    except PipelineRuntimeError as caught:
+        error = database_error(caught)
+    assert error is not None and error_status(error) == 503
+    body = error_body(error)["error"]
+    assert body["code"] == "database_unavailable" and len(body["message"].splitlines()) == 1
+    assert "s3cret" not in body["message"] and "postgresql://ragmag:***@127.0.0.1:5999/ragmag" in body["message"]
+    assert "`rag-mag db start`" in body["message"]
+    assert database_error(ValueError("not the database")) is None
+
+
+def test_serve_refuses_table_flags_for_a_faiss_pipeline_and_index_flags_for_a_table(capsys):
+    from rag_mag.cli.main import main
+
+    assert main(["serve", "--table", "rag_mag_docs"]) == 2
+    assert "--table are for pipelines on PostgreSQL" in capsys.readouterr().err
+    pgvector_pipeline = str(PIPELINES_DIR / "rag_pgvector.yaml")
+    assert main(["serve", "--pipeline", pgvector_pipeline, "--index", "a=b:c"]) == 2
+    assert "pass --table NAME" in capsys.readouterr().err
+    assert main(["serve", "--pipeline", pgvector_pipeline, "--table", "Bad-Name"]) == 2
+    assert "bad table name 'Bad-Name'" in capsys.readouterr().err
