@@ -7,7 +7,10 @@
 * ``database_error`` turns a lost or refused connection during a question into one line (HTTP 503) that names
   the URL without its password and ``rag-mag db start``. Nothing has to be reopened by hand: Haystack's
   PgvectorDocumentStore checks its connection before every query and opens a new one when the old one is dead,
-  so the first question after the server is back is answered, without restarting the demo;
+  so the first question after the server is back is answered, without restarting the demo. Questions in flight at
+  once share a store's connection and cursor safely: the retrievers run in the event loop (``run_async``), and a
+  search's ``execute`` and ``fetchall`` follow each other without yielding to another question (40 concurrent
+  searches on one store return what 40 serial ones return: tests/integration/test_demo_pgvector.py);
 * ``table_files`` lists the table's files for the documents panel. The panel's uploads write FAISS index folders,
   so for a table they are refused with the command that fills it (``rag-mag index PATH --store pgvector``).
 """

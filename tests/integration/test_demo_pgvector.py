@@ -139,3 +139,25 @@ def test_serve_starts_the_server_it_needs_and_stops_it_on_exit(specs, vllm_serve
                  "--llm-url", vllm_server, "--port", str(find_free_port())]) == 0
     assert seen["port"] == port and [item["table"] for item in seen["indexes"]] == [DEFAULT_TABLE]
     assert postgres.running_port(folder) is None  # started by serve, so stopped by it
+
+
+def test_concurrent_searches_on_one_store_get_their_own_rows(pg_server, table, monkeypatch):
+    """The demo's questions share a store's connection and cursor (rag_mag/demo/tables.py says why that is safe)."""
+    import asyncio
+
+    import numpy as np
+
+    from rag_mag.serving import pgvector
+
+    monkeypatch.setenv(postgres.URL_ENV, pg_server[1])
+    store = pgvector.table_store(table, 384)
+    queries = np.random.default_rng(0).standard_normal((40, 384)).tolist()
+    serial = [[d.id for d in store._embedding_retrieval(query, top_k=5)] for query in queries]
+
+    async def concurrent() -> list[list[str]]:
+        found = await asyncio.gather(*(store._embedding_retrieval_async(query, top_k=5) for query in queries))
+        await store.close_async()
+        return [[d.id for d in documents] for documents in found]
+
+    assert asyncio.run(concurrent()) == serial
+    store.close()
