@@ -1,4 +1,4 @@
-"""Processes the fault suite kills: ``python -m tests.faults.children train|index|cli ARGS_JSON``.
+"""Processes the fault suite kills: ``python -m tests.faults.children train|index|cli|reader_cli ARGS_JSON``.
 
 Each runs one real save path of rag-mag (a training run on the tiny random BERT, an index write) with
 ``RAG_MAG_KILL_AT`` set by the test, so it dies with SIGKILL at a chosen point of the save. With
@@ -48,6 +48,25 @@ def cli(args: dict) -> None:
     sys.exit(main(args["argv"]))
 
 
+def reader_cli(args: dict) -> None:
+    """``rag-mag ARGV`` (train-reader, on the real packaged SmolLM2); with ``signal_at_step`` S the process sends
+    itself SIGTERM at the end of step S, after its optimizer step and before the trainer's checks."""
+    import signal
+
+    from rag_mag.cli.main import main
+    from rag_mag.reader.callbacks import ReaderCallbacks
+
+    on_step_end = ReaderCallbacks.on_step_end
+
+    def signalled(self, train_args, state, control, **kwargs):
+        if state.global_step == args.get("signal_at_step"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return on_step_end(self, train_args, state, control, **kwargs)
+
+    ReaderCallbacks.on_step_end = signalled
+    sys.exit(main(args["argv"]))
+
+
 def index(args: dict) -> None:
     import numpy as np
     from haystack import Document
@@ -69,4 +88,4 @@ if __name__ == "__main__":
 
         durable._exchange = lambda first, second: False
     command, arguments = sys.argv[1], json.loads(sys.argv[2])
-    {"train": train, "index": index, "cli": cli}[command](arguments)
+    {"train": train, "index": index, "cli": cli, "reader_cli": reader_cli}[command](arguments)

@@ -20,6 +20,7 @@ import pytest
 from safetensors.torch import load_file
 
 from rag_mag import stopping
+from rag_mag.bench.datasets import data_root
 from rag_mag.models import REPO_ROOT
 from rag_mag.retriever.train_checkpoint import missing_parts
 from tests.faults.test_fault_checkpoints import SETTINGS, logged_steps, straight, workspace  # noqa: F401
@@ -92,4 +93,42 @@ def test_the_reader_saves_and_stops_at_the_step_a_signal_came_in(fault_case):
             assert control.should_save and control.should_training_stop and callbacks.stopped_at == 3
             raise stopping.stopped(callbacks.stopped_at, 10, "here")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    fault_case.survived()
+
+
+def run_reader(out: Path, steps: int, signal_at_step: int | None = None) -> subprocess.CompletedProcess:
+    argv = ["train-reader", "--out", str(out), "--retrieval-corpus", "", "--val-questions", "2",
+            "--val-max-examples", "2", "--batch-size", "2", "--eval-every", str(steps), "--save-every", "100",
+            "--log-every", "1", "--steps", str(steps)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "tests.faults.children", "reader_cli",
+                           json.dumps({"argv": argv, "signal_at_step": signal_at_step})],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(data_root() is None, reason="needs the shared datasets (../shared/data or RAG_MAG_DATA_ROOT)")
+def test_sigterm_to_train_reader_saves_that_step_and_the_resume_ends_where_a_straight_run_does(tmp_path,
+                                                                                              fault_case):
+    """The real SmolLM2 reader, 3 steps, no periodic save before the end: SIGTERM in step 2 must save step 2
+    (nothing else would), exit 143 with one line, and the same command then trains step 3 only and ends with
+    the weights of a run that was never stopped."""
+    straight = run_reader(tmp_path / "straight", 3)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    out = tmp_path / "stopped"
+    stopped = run_reader(out, 3, signal_at_step=2)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    assert f"rag-mag train-reader: stopped at step 2 of 3 by SIGTERM; saved {out / 'last'}; run the same " \
+           "command again to resume" in stopped.stderr, stopped.stderr[-3000:]
+    assert json.loads((out / "last" / "trainer_state.json").read_text())["global_step"] == 2
+    resumed = run_reader(out, 3)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming at step 2" in resumed.stderr, resumed.stderr[-3000:]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in log if "loss" in record] == [1, 2, 3]  # each step once
+    ours = load_file(str(out / "last" / "adapter_model.safetensors"))
+    theirs = load_file(str(tmp_path / "straight" / "last" / "adapter_model.safetensors"))
+    assert ours.keys() == theirs.keys() and ours
+    assert max(float((ours[name] - theirs[name]).abs().max()) for name in ours) < 1e-4
     fault_case.survived()
