@@ -37,15 +37,41 @@ def tiny_build(tokenizer_dir: Path, dropout: float) -> classmethod:
     return classmethod(lambda cls, base, strategy, *a, **k: tiny_encoder(tokenizer_dir, strategy, dropout=dropout))
 
 
+def signal_at(step: int) -> None:
+    """This rank sends itself SIGTERM in the middle of ``step`` (after its optimizer step, before its checks)."""
+    import os
+    import signal
+
+    from rag_mag.retriever.trainer import Trainer
+
+    finish_step = Trainer._finish_step
+
+    def signalled(self, encoder, optimizer, current, *rest):
+        if current == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return finish_step(self, encoder, optimizer, current, *rest)
+
+    Trainer._finish_step = signalled
+
+
 def main(args: dict) -> None:
+    import os
+
+    from rag_mag import stopping
     from rag_mag.retriever.config import TrainConfig
     from rag_mag.retriever.encoder import MagnitudeEncoder
     from rag_mag.retriever.trainer import Trainer
 
     MagnitudeEncoder.build = tiny_build(Path(args.pop("tokenizer_dir")), args.pop("dropout", 0.0))
     record = args.pop("record_gradients", False)
+    if os.environ.get("RAG_MAG_TEST_SIGTERM_AT_STEP"):  # set by the test for one rank only
+        signal_at(int(os.environ["RAG_MAG_TEST_SIGTERM_AT_STEP"]))
     config = TrainConfig(**args)
-    Trainer(config, on_step=gradient_recorder(Path(config.out) / "gradients") if record else None).train()
+    try:
+        Trainer(config, on_step=gradient_recorder(Path(config.out) / "gradients") if record else None).train()
+    except stopping.Stopped as stopped:
+        print(f"STOPPED {stopped}", flush=True)
+        sys.exit(stopping.exit_code(stopped.signum))
 
 
 if __name__ == "__main__":

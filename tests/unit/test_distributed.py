@@ -168,3 +168,23 @@ def test_two_processes_resume_their_own_checkpoint_with_the_same_dropout_masks(d
     run_processes(2, args)
     assert_same_tensors(load_file(str(data / "killed" / "last" / "model.safetensors")),
                         load_file(str(data / "straight" / "last" / "model.safetensors")), rtol=1e-5, atol=1e-6)
+
+
+def test_a_sigterm_to_one_rank_stops_every_rank_at_the_same_saved_step(data):
+    """A scheduler's SIGTERM may reach one process of a torchrun job first: rank 1 gets it in step 2, the ranks
+    agree to stop after that step, rank 0 saves step 2 (though it got no signal), every rank exits 143, and the
+    2-process resume ends with the weights of a run that was never stopped."""
+    args = {**settings(data, "straight", steps=4, val_fraction=0.0, eval_every=0, save_every=100),
+            "tokenizer_dir": str(data / "tok"), "dropout": 0.1}
+    run_processes(2, args)
+    args["out"] = str(data / "stopped")
+    results = finish(start_processes(2, args, rank_env={1: {"RAG_MAG_TEST_SIGTERM_AT_STEP": "2"}}))
+    for rank, (code, output) in enumerate(results):
+        assert code == 143, f"rank {rank}:\n{output[-4000:]}"
+        assert f"STOPPED stopped at step 2 of 4 by SIGTERM; saved {data / 'stopped' / 'last'}" in output, output[-4000:]
+    assert json.loads((data / "stopped" / "last" / "trainer_state.json").read_text())["step"] == 2
+    assert [r["step"] for r in log_records(data / "stopped") if "loss" in r] == [1, 2]
+    run_processes(2, args)
+    assert [r["step"] for r in log_records(data / "stopped") if "loss" in r] == [1, 2, 3, 4]
+    assert_same_tensors(load_file(str(data / "stopped" / "last" / "model.safetensors")),
+                        load_file(str(data / "straight" / "last" / "model.safetensors")), rtol=1e-5, atol=1e-6)
