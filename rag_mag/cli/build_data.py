@@ -37,7 +37,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag import durable, writable
+    import signal
+
+    from rag_mag import durable, stopping, writable
     from rag_mag.bench.datasets import data_root
     from rag_mag.retriever.training_data import build_training_data
     from rag_mag.retriever.training_data_spec import load_data_spec
@@ -50,7 +52,14 @@ def run(args: argparse.Namespace) -> int:
     spec = load_data_spec(args.spec, data_root(args.data_root), overrides)
     writable.check_writable(spec.out, f"the training data folder {spec.out}")
     with durable.job_lock(durable.lock_path(spec.out), f"the training data folder {spec.out}"):
-        summary = build_training_data(spec)
+        try:
+            summary = build_training_data(spec)
+        except KeyboardInterrupt:  # build-data keeps no partial state: it starts over when run again
+            signum = stopping.last_signal() or signal.SIGINT
+            raise stopping.Stopped(signum, f"stopped by {stopping.signal_name(signum)}; {spec.out} holds a whole "
+                                           "build (the previous one, or the new one if the signal came while it "
+                                           "was being written), never a mix; run the same command again to "
+                                           "build it (build-data starts over)") from None
     print(json.dumps({"out": spec.out, "train": summary["train"], "val": summary["val"],
                       "sources": summary["sources"]}, indent=2))
     return 0

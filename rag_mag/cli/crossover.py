@@ -10,6 +10,7 @@ from rag_mag import writable
 from rag_mag.cli import DefaultsHelpFormatter
 
 logger = logging.getLogger(__name__)
+WORKER_SAVE_WAIT_S = 300  # a worker in a validation pass finishes it before it saves
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -64,11 +65,27 @@ def _run_workers(args: argparse.Namespace, runner) -> None:
     try:
         codes = [worker.wait() for worker in workers]
     except KeyboardInterrupt:
-        for worker in workers:
-            worker.terminate()
+        _stop_workers(workers)
         raise
     if any(codes):
         raise RagMagError(f"crossover workers exited with {codes}; see {runner.store.work}/worker-*.log")
+
+
+def _stop_workers(workers: list) -> None:
+    """Pass the stop on (SIGTERM) and wait while each worker finishes its step and saves ``last/``; a worker
+    still running after ``WORKER_SAVE_WAIT_S`` is killed (its run resumes from its last periodic save)."""
+    import subprocess
+
+    running = [worker for worker in workers if worker.poll() is None]
+    for worker in running:
+        worker.terminate()
+    logger.warning("waiting up to %d s for %d worker(s) to save their step", WORKER_SAVE_WAIT_S, len(running))
+    for worker in running:
+        try:
+            worker.wait(timeout=WORKER_SAVE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
 
 
 def run(args: argparse.Namespace) -> int:

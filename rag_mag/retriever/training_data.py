@@ -49,7 +49,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rag_mag import durable
+from rag_mag import durable, stopping
 from rag_mag.data import Passage, read_corpus, read_eval, read_pairs, read_triples, write_jsonl
 from rag_mag.metrics.answers import contains_answer, normalize_answer
 from rag_mag.retriever.linked_positives import keep_linked_positives
@@ -141,6 +141,7 @@ def build_training_data(spec: DataSpec) -> dict[str, Any]:
                "spec": {k: v for k, v in asdict(spec).items() if k != "sources"},
                "source_specs": [asdict(s) for s in spec.sources]}
     files = {"train.jsonl": train, "val.jsonl": validation, **({"ablation.jsonl": ablation} if ablation else {})}
+    durable.fault_point("data:built")
     write_outputs(Path(spec.out), files, summary)
     return summary
 
@@ -156,9 +157,11 @@ def write_outputs(out: Path, files: dict[str, list[dict]], summary: dict[str, An
             write_jsonl(staging / name, rows)
         durable.write_text(staging / "stats.json", json.dumps(summary, indent=2))
         out.mkdir(parents=True, exist_ok=True)
-        for path in sorted(staging.iterdir()):
-            os.replace(path, out / path.name)
-        durable.fsync_dir(out)
+        with stopping.graceful():  # a stop signal waits until every file is replaced
+            for path in sorted(staging.iterdir()):
+                os.replace(path, out / path.name)
+                durable.fault_point("data:replaced")
+            durable.fsync_dir(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
