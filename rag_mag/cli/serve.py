@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.demo.app import create_app
     from rag_mag.demo.loading import load_index
     from rag_mag.demo.service import DemoService
+    from rag_mag.demo.tables import load_table
     from rag_mag.models import default_retriever_dir
     from rag_mag.serving import llm_preflight, llm_records, llm_server, pgvector
 
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
                                 pg_url)]
         url = stack.enter_context(llm_server.running_server(
             args.llm_url, start=args.start_llm, not_running_hint="; or pass --start-llm to start it with the demo"))
-        loaded = [load_index(spec, args.pipeline, url) for spec in specs]
+        loaded = [(load_table if spec.table is not None else load_index)(spec, args.pipeline, url) for spec in specs]
         llm_preflight.check_pipeline_servers(loaded[0].pipeline)  # the served model is the one the pipeline names
         service = DemoService(loaded, url, max_concurrency=args.max_concurrency, max_waiting=args.max_waiting,
                               max_top_k=args.max_top_k, max_upload_mb=args.max_upload_mb)

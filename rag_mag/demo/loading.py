@@ -83,9 +83,7 @@ def load_index(spec: IndexSpec, pipeline_path: str | Path, llm_url: str) -> Load
     from rag_mag.components.faiss_index import is_index_folder
 
     if spec.table is not None:
-        from rag_mag.demo.tables import load_table
-
-        return load_table(spec, pipeline_path, llm_url)
+        raise ConfigError(f"index {spec.name!r} is the table {spec.table}: load it with rag_mag.demo.tables.load_table")
     if not is_index_folder(spec.index_dir):
         raise CheckpointError(f"index {spec.name!r}: {spec.index_dir} is not an index folder; build it with "
                               f"`rag-mag index --retriever {spec.retriever_dir} --out {spec.index_dir}`")

@@ -113,8 +113,8 @@ def test_sigterm_to_train_reader_saves_that_step_and_the_resume_ends_where_a_str
     """The real SmolLM2 reader, 3 steps, no periodic save before the end: SIGTERM in step 2 must save step 2
     (nothing else would), exit 143 with one line, and the same command then trains step 3 only and ends with
     the weights of a run that was never stopped."""
-    straight = run_reader(tmp_path / "straight", 3)
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    uninterrupted = run_reader(tmp_path / "straight", 3)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     out = tmp_path / "stopped"
     stopped = run_reader(out, 3, signal_at_step=2)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
