@@ -184,11 +184,9 @@ def encode_files(pipeline, writer, target, plan: FilePlan, streams: dict, progre
     bar = tqdm(total=len(todo), unit="file", desc="indexing files", disable=not progress)
     if on_progress:
         on_progress(0, len(todo), 0)
-    with stopping.graceful():  # a stop signal ends the run after the batch in flight, with the index saved
-        encoded, removed = _encode_batches(pipeline, writer, target, plan, streams, todo, bar, removed,
-                                           save_every_files, on_progress)
-    bar.close()
-    return encoded, removed
+    with bar, stopping.graceful():  # a stop signal ends the run after the batch in flight, with the index saved
+        return _encode_batches(pipeline, writer, target, plan, streams, todo, bar, removed, save_every_files,
+                               on_progress)  # the bar is closed before an error's line is printed
 
 
 def _encode_batches(pipeline, writer, target, plan: FilePlan, streams: dict, todo: list, bar, removed: int,

@@ -120,12 +120,16 @@ class PgTarget:
 
     def replace(self, old_ids: list[str], documents: list[Document]) -> None:
         """One transaction: the file's old rows out, its new rows in (COPY)."""
-        from rag_mag.serving.pgvector import copy_rows, table_store
+        from rag_mag.serving.pgvector import copy_rows, ensure_room, row_bytes, table_store
         from rag_mag.serving.postgres import tag_table
 
         if not self._created and documents:
             table_store(self.table, len(documents[0].embedding)).count_documents()  # Haystack's schema
             self._created = True
+        if documents:
+            needed = sum(row_bytes(d.content, d.meta, len(d.embedding)) for d in documents)
+            name = documents[0].meta.get("file", "a file")
+            ensure_room(self.connection, self.url, needed, f"writing {name} into {self.table}")
         with self.connection.transaction():
             if old_ids:
                 self.connection.execute(self._sql("DELETE FROM {table} WHERE id = ANY(%s)"), (old_ids,))

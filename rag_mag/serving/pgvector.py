@@ -21,11 +21,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
+from rag_mag import durable
 from rag_mag.components.document_embedder import CHECKPOINT_KEY, STRATEGY_KEY
-from rag_mag.errors import CheckpointError, ConfigError, ServerNotRunningError
+from rag_mag.errors import CheckpointError, ConfigError, DiskFullError, ServerNotRunningError
 from rag_mag.serving import postgres
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_TABLE = "rag_mag_default"
 STORE_TYPE = "haystack_integrations.document_stores.pgvector.document_store.PgvectorDocumentStore"
 CONNECT_TIMEOUT_S = 2
+# A write is refused before it starts when it would leave less than this free on a local server's data disk:
+# four WAL segments of 16 MB. Rows cost about 3x their bytes there (heap, WAL, HNSW or btree index).
+WAL_RESERVE_BYTES = 64 << 20
+WRITE_AMPLIFICATION = 3
+ROW_OVERHEAD_BYTES = 64
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 
@@ -127,10 +135,39 @@ def connection_errors(url: str, what: str) -> Iterator[None]:
     try:
         yield
     except psycopg.OperationalError as error:
-        reason = " ".join(str(error).split()).replace(url, postgres.redact(url))[:200]
-        raise ServerNotRunningError(f"lost PostgreSQL at {postgres.redact(url)} while {what} ({reason}); what was "
-                                    "committed is kept: run the same command again once the server is back "
-                                    "(`rag-mag db start`)") from None
+        if not (error.sqlstate or "").startswith("53"):  # 53xxx: disk full, out of memory, too many connections
+            reason = " ".join(str(error).split()).replace(url, postgres.redact(url))[:200]
+            raise ServerNotRunningError(f"lost PostgreSQL at {postgres.redact(url)} while {what} ({reason}); what "
+                                        "was committed is kept: run the same command again once the server is back "
+                                        "(`rag-mag db start`)") from None
+        reason = " ".join(str(error).split())[:200]
+        raise DiskFullError(f"PostgreSQL at {postgres.redact(url)} ran out of resources while {what} ({reason}); the "
+                            "transaction in flight was rolled back and what was committed is kept: free space on "
+                            "the server's data disk, then run the same command again") from None
+
+
+def row_bytes(content: str | None, meta: dict, dim: int) -> int:
+    """About what one row costs a table: its vector, text and meta, and the tuple's overhead."""
+    return 4 * dim + len((content or "").encode()) + len(json.dumps(meta)) + ROW_OVERHEAD_BYTES
+
+
+def ensure_room(connection, url: str, needed: int, what: str) -> None:
+    """Refuse a write of about ``needed`` bytes before it starts when the server runs on this machine and its data
+    disk would keep less than ``WAL_RESERVE_BYTES`` free: PostgreSQL stops (PANIC) when it cannot write its WAL,
+    and then reads stop too. A remote server is not checked here; a full disk there is one line all the same
+    (``connection_errors``)."""
+    import psycopg
+
+    if (urlsplit(url).hostname or "localhost") not in LOCAL_HOSTS:
+        return
+    try:
+        data_dir = Path(connection.execute("SHOW data_directory").fetchone()[0])
+    except psycopg.Error:  # a role without pg_read_all_settings may not read it
+        return
+    if data_dir.is_dir():
+        durable.ensure_free_space(data_dir, WRITE_AMPLIFICATION * needed + WAL_RESERVE_BYTES,
+                                  f"{what} (with PostgreSQL's WAL and indexes, and {WAL_RESERVE_BYTES >> 20} MB kept "
+                                  "free so that the server never stops for a full disk)")
 
 
 @contextlib.contextmanager
@@ -209,7 +246,12 @@ def copy_index(index_dir: Path, table: str, progress: bool = True) -> dict[str, 
     vectors = faiss_index.reconstruct_all(index) if index is not None else np.zeros((0, 0), np.float32)
     table_store(table, int(manifest["dim"] or 384)).count_documents()  # Haystack creates the table and its indexes
     url = os.environ[postgres.URL_ENV]
-    with psycopg.connect(url) as connection, connection.transaction():
+    dim = vectors.shape[1] if vectors.size else int(manifest["dim"] or 384)
+    with psycopg.connect(url) as connection:
+        ensure_room(connection, url, sum(row_bytes(record.get("content"), record.get("meta") or {}, dim)
+                                         for record in records), f"copying {len(ids):,} rows into {table}")
+    with connection_errors(url, f"copying {index_dir} into {table}"), psycopg.connect(url) as connection, \
+            connection.transaction():
         connection.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table)))
         provenance = {CHECKPOINT_KEY: manifest["checkpoint"], STRATEGY_KEY: manifest["strategy"]}
         copy_rows(connection, table, ((record["id"], vectors[row], record.get("content"),

@@ -18,6 +18,7 @@ from rag_mag.cli.main import main
 from rag_mag.models import REPO_ROOT, default_retriever_dir
 from rag_mag.serving import pgvector, postgres
 from rag_mag.serving.llm_records import find_free_port
+from tests.faults.test_fault_disk import one_error_line
 from tests.files import write_pdf
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -210,3 +211,61 @@ def test_the_server_down_during_the_demo_is_one_line_and_the_demo_recovers(priva
     assert "Traceback" not in log, log[-3000:]
     assert sum("lost PostgreSQL" in line for line in log.splitlines()) == 2, log[-3000:]  # one line per question
     fault_case.survived()
+
+
+@pytest.fixture
+def server_on_a_small_disk(tmp_path):
+    """A PostgreSQL whose data folder is on a 160 MB tmpfs of its own (needs root to mount; CI runs as root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m,mode=0755", "tmpfs", str(disk)],
+                             capture_output=True, text=True, timeout=30)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not permitted'}; it needs root)")
+    folder = postgres.PgFolder(disk / "pg")
+    port = find_free_port()
+    try:
+        yield disk, folder, postgres.start(folder, port)
+    finally:
+        postgres.stop(folder)
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_nearly_full_data_disk_refuses_the_write_and_reads_keep_working(server_on_a_small_disk, tmp_path,
+                                                                          capsys, fault_case):
+    """Before a file's rows would leave PostgreSQL less than 64 MB for its WAL, `index` stops with one line;
+    the server stays up (a full WAL disk would PANIC it), the files committed before stay readable, and once
+    space is freed the same command completes."""
+    from rag_mag import durable
+
+    disk, folder, url = server_on_a_small_disk
+    docs = facts_folder(tmp_path / "docs", 3)
+    table = ["--store", "pgvector", "--table", "test_disk", "--pg-url", url, *RETRIEVER]
+    assert main(["index", str(docs / "file000.txt"), *table]) == 0
+    ballast = disk / "ballast"
+    with open(ballast, "wb") as handle:  # leave 40 MB: under the 64 MB reserve
+        handle.write(b"\0" * max(0, durable.free_bytes(disk) - (40 << 20)))
+    capsys.readouterr()
+    assert main(["index", str(docs), *table]) == 2
+    message = one_error_line(capsys.readouterr().err, "index")
+    assert "not enough disk space for writing file001.txt into test_disk" in message and "64 MB kept free" in message
+    assert postgres.running_port(folder) is not None  # the server did not stop
+    assert pgvector.table_files("test_disk", url) == ["file000.txt"]  # reads work; nothing half-written
+    ballast.unlink()
+    assert main(["index", str(docs), *table]) == 0
+    assert sorted(pgvector.table_files("test_disk", url)) == ["file000.txt", "file001.txt", "file002.txt"]
+    fault_case.clear_error()
+
+
+def test_a_disk_full_error_of_the_server_is_one_line(fault_case):
+    """A full disk on a remote server (not checked beforehand) comes back as SQLSTATE 53100: one line."""
+    import psycopg
+
+    from rag_mag.errors import DiskFullError
+
+    url = "postgresql://ragmag:secret@db.example:5432/ragmag"
+    with pytest.raises(DiskFullError, match=r"PostgreSQL at postgresql://ragmag:\*\*\*@db.example:5432/ragmag ran "
+                                            r"out of resources while writing t .*rolled back.*committed is kept"):
+        with pgvector.connection_errors(url, "writing t"):
+            raise psycopg.errors.DiskFull("could not extend file \"base/5/16384\": No space left on device")
+    fault_case.clear_error()
