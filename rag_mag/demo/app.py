@@ -2,7 +2,8 @@
 
 Routes:
   GET  /                      the page (plain HTML/CSS/JS from rag_mag/demo/static, no build step, no CDN)
-  GET  /health                200 when the vLLM server answers, 503 (with the reason) when not
+  GET  /health                200 when the vLLM server (and PostgreSQL, for a table) answers, 503 (with the
+                               reason) when not
   GET  /api/indexes           the indexes (strategies) served, and the request limits
   POST /api/ask               {question, index?, top_k?} -> {answer, sources[...], latency_ms, index, strategy, ...}
   POST /api/ask/stream        the same as server-sent events: sources, token..., done (or error)
@@ -45,6 +46,7 @@ from rag_mag.demo.documents import Documents, check_upload_header
 from rag_mag.demo.guards import LOCAL_HOSTS, MAX_BODY_BYTES, HostGuard, json_body
 from rag_mag.demo.messages import Event, RequestError
 from rag_mag.demo.service import MAX_QUESTION_CHARS, DemoService
+from rag_mag.demo.tables import check_database
 from rag_mag.errors import RagMagError, ServerNotRunningError
 from rag_mag.serving.answers import NoAnswerError
 
@@ -173,13 +175,19 @@ def _add_page_routes(app: FastAPI, service: DemoService) -> None:
     async def health() -> JSONResponse:
         body: dict[str, Any] = {"status": "ok", "indexes": list(service.indexes), "load": service.load(),
                                 "llm": {"url": service.llm_url, "reachable": True}}
+        if any(loaded.spec.table is not None for loaded in service.indexes.values()):
+            body["database"] = {"reachable": True}
+            try:
+                await asyncio.to_thread(check_database, list(service.indexes.values()))
+            except RagMagError as error:
+                body["status"] = "degraded"
+                body["database"].update(reachable=False, error=str(error))
         try:
             await service.check_llm()
         except RagMagError as error:
             body["status"] = "degraded"
             body["llm"].update(reachable=False, error=str(error))
-            return JSONResponse(body, status_code=503)
-        return JSONResponse(body)
+        return JSONResponse(body, status_code=503 if body["status"] == "degraded" else 200)
 
     @app.get("/api/indexes")
     async def indexes() -> dict[str, Any]:

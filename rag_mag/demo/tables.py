@@ -114,6 +114,19 @@ def translated(what: str) -> Iterator[None]:
         raise explained from None
 
 
+def check_database(indexes: list[LoadedIndex]) -> None:
+    """``DatabaseUnavailableError`` when an index of the demo is a table and its server does not answer within
+    ``CONNECT_TIMEOUT_S`` (for GET /health); nothing to check for FAISS folders."""
+    from rag_mag.serving import pgvector, postgres
+
+    if any(loaded.spec.table is not None for loaded in indexes):
+        url = os.environ[postgres.URL_ENV]
+        try:
+            pgvector.check_connection(url, timeout=CONNECT_TIMEOUT_S)
+        except ServerNotRunningError as error:
+            raise DatabaseUnavailableError(str(error)) from None
+
+
 def table_files(loaded: LoadedIndex) -> list[dict[str, Any]]:
     """``[{file, chunks, uploaded: False}]`` of the served table (files indexed with ``rag-mag index``)."""
     import psycopg

@@ -200,8 +200,13 @@ def test_the_server_down_during_the_demo_is_one_line_and_the_demo_recovers(priva
             assert "`rag-mag db start`" in error["message"]
             streamed = httpx.post(f"{demo.url}/api/ask/stream", json={"question": QUESTION}, timeout=300.0)
             assert streamed.status_code == 503 and streamed.json()["error"]["code"] == "database_unavailable"
+            health = httpx.get(f"{demo.url}/health", timeout=30.0)
+            assert health.status_code == 503 and health.json()["database"]["reachable"] is False
+            assert health.json()["llm"]["reachable"] is True and "***" in health.json()["database"]["error"]
         finally:
             postgres.start(folder, port)
+        health = httpx.get(f"{demo.url}/health", timeout=30.0)
+        assert health.status_code == 200 and health.json()["database"] == {"reachable": True}
         back = ask()  # the same demo process: its stores open new connections
         assert back.status_code == 200, back.text
         assert back.json()["answer"].strip() and len(back.json()["sources"]) == 3
