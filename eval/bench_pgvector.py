@@ -157,10 +157,14 @@ def pg_search(url: str, ef_search: int | None):
 
 
 def pg_hnsw_cells(url: str, queries: np.ndarray, truth: np.ndarray, clients: list[int], ef_values: list[int],
-                  graph: tuple[int, int] | None = None) -> dict:
-    """Build the HNSW index (pgvector's defaults, or ``graph`` = (m, ef_construction)) and search it."""
+                  graph: tuple[int, int] | None = None, build_memory: str = "2GB") -> dict:
+    """Build the HNSW index (pgvector's defaults, or ``graph`` = (m, ef_construction)) and search it.
+
+    A graph that outgrows ``build_memory`` (maintenance_work_mem) is built on disk, many times slower: pgvector
+    says so in a NOTICE, printed here."""
     connection = connect(url)
-    connection.execute("SET maintenance_work_mem = '2GB'")
+    connection.add_notice_handler(lambda notice: print(f"postgres: {notice.message_primary}", flush=True))
+    connection.execute(f"SET maintenance_work_mem = '{build_memory}'")
     connection.execute(f"DROP INDEX IF EXISTS {TABLE}_hnsw")
     options = f" WITH (m = {int(graph[0])}, ef_construction = {int(graph[1])})" if graph else ""
     prefix = f"pg_hnsw_m{graph[0]}_efc{graph[1]}" if graph else "pg_hnsw"
@@ -189,7 +193,8 @@ def add_graph(row: dict, real: np.ndarray, queries: np.ndarray, args, url: str) 
     """``--pg-graph M EFC`` on a size already measured: reload its vectors and add that graph's cells."""
     documents, truth = vectors(row["n"], real, queries)
     load_cell(url, documents, 0)
-    row.update(pg_hnsw_cells(url, queries, truth, args.clients, args.ef_search, tuple(args.pg_graph)))
+    row.update(pg_hnsw_cells(url, queries, truth, args.clients, args.ef_search, tuple(args.pg_graph),
+                             args.pg_build_memory))
 
 
 def run_size(n: int, real: np.ndarray, queries: np.ndarray, args, url: str) -> dict:
@@ -211,6 +216,8 @@ def main() -> None:
     parser.add_argument("--insert-rows", type=int, default=20_000)
     parser.add_argument("--pg-graph", type=int, nargs=2, metavar=("M", "EF_CONSTRUCTION"),
                         help="on sizes already measured: add pgvector HNSW cells for this graph")
+    parser.add_argument("--pg-build-memory", default="2GB", help="maintenance_work_mem for --pg-graph's build: a "
+                        "graph larger than this is built on disk (1M vectors at m 32 need more than 2GB)")
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--out", type=Path, default=OUT)

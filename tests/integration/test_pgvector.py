@@ -139,3 +139,28 @@ def test_hybrid_retrieval_fuses_dense_and_full_text_in_one_table(pg_url, vllm_se
     assert scores == sorted(scores, reverse=True) and scores[0] == pytest.approx(1.0)
     assert report["sources"][0]["cosine"] is not None  # the dense list's explanation survives the join
     drop(pg_url, "test_hybrid")
+
+
+def test_the_hnsw_settings_of_rag_pgvector_reach_the_server(pg_url, qnorm_index, queries):
+    """--set search=hnsw, hnsw_graph and ef_search build the graph with those settings and search with that ef;
+    on 455 rows a graph with ef_search 200 finds the exact top-10."""
+    import psycopg
+
+    from rag_mag.serving.pipelines import load_pipeline, read_pipeline_dict
+
+    assert main(["export-index", str(qnorm_index), "--pgvector", "test_hnsw"]) == 0
+    path = REPO_ROOT / "pipelines" / "rag_pgvector.yaml"
+    pipeline = load_pipeline(path, {**pgvector.table_overrides(read_pipeline_dict(path), "test_hnsw"), "search": "hnsw",
+                                    "hnsw_graph": {"m": 8, "ef_construction": 32}, "ef_search": 200})
+    retriever = pipeline.get_component("retriever")
+    assert retriever.document_store.count_documents() == 455  # connects, and creates the graph index
+    with psycopg.connect(pg_url) as connection:
+        definition = connection.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'test_hnsw' AND "
+                                        "indexdef LIKE '%USING hnsw%'").fetchone()[0]
+    assert "vector_ip_ops" in definition and "m='8'" in definition and "ef_construction='32'" in definition
+    assert retriever.document_store.hnsw_ef_search == 200
+    for query in queries[:20]:
+        found = retriever.run(query_embedding=query.tolist(), top_k=10)["documents"]
+        exact = pg_top("test_hnsw", query)
+        assert [d.id for d in found] == [d.id for d in exact]
+    drop(pg_url, "test_hnsw")
