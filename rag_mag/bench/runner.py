@@ -30,6 +30,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from rag_mag import durable
 from rag_mag.bench.cell_store import cell_key, cell_path, write_jsonl_atomic
 from rag_mag.bench.config import READER_BASELINES, BenchConfig
 from rag_mag.bench.dataset_specs import parse_dataset_arg
@@ -207,6 +208,7 @@ class BenchRunner:
                     pipeline=row.pipeline.path if row.pipeline else self.config.reader_pipeline,
                     seconds=round(time.perf_counter() - started, 1))
         write_jsonl_atomic(cell_path(self.cells_dir, dataset, row), cell)
+        durable.fault_point("bench:cell")
         return cell
 
     def reader_identity(self, base: bool = False) -> dict[str, str]:

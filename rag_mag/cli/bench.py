@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 
-from rag_mag import durable, writable
+from rag_mag import durable, stopping, writable
 from rag_mag.cli import DefaultsHelpFormatter
 
 
@@ -58,8 +59,15 @@ def run(args: argparse.Namespace) -> int:
     writable.check_writable(config.out_dir(), f"the benchmark folder {config.out_dir()}")  # before any model loads
     # the whole report folder: cells, retrievers.json and the generation cache are shared by every system
     with durable.job_lock(durable.lock_path(config.out_dir()), f"the benchmark folder {config.out_dir()}"):
-        out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]]), only=args.only,
-                          pg_url=args.pg_url).run()
+        try:
+            out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]]), only=args.only,
+                              pg_url=args.pg_url).run()
+        except KeyboardInterrupt:  # finished cells and every answer generated so far are on disk already
+            signum = stopping.last_signal() or signal.SIGINT
+            raise stopping.Stopped(signum, f"stopped by {stopping.signal_name(signum)}; the finished cells are in "
+                                           f"{config.out_dir() / 'cells'} and the answers generated so far in "
+                                           f"{config.out_dir() / 'cache'}: run the same command again to resume "
+                                           "from them") from None
     if args.only:
         print(f"cells: {out / 'cells'} (no report with --only: run without it once every system is scored)")
     else:
