@@ -164,28 +164,3 @@ def test_the_hnsw_settings_of_rag_pgvector_reach_the_server(pg_url, qnorm_index,
         exact = pg_top("test_hnsw", query)
         assert [d.id for d in found] == [d.id for d in exact]
     drop(pg_url, "test_hnsw")
-
-
-def test_the_keyword_half_matches_passages_sharing_any_term(pg_url, qnorm_index):
-    """A question is a sentence: the stock retriever needs all of its words in one passage and finds nothing; the
-    any-term one finds the passages that share its rarer terms, applies filters, and treats quotes and SQL in the
-    question as text."""
-    from haystack_integrations.components.retrievers.pgvector import PgvectorKeywordRetriever
-
-    from rag_mag.components.keyword_retriever import AnyTermKeywordRetriever
-
-    assert main(["export-index", str(qnorm_index), "--pgvector", "test_keywords"]) == 0
-    store = pgvector.table_store("test_keywords", 384)
-    question = "Hamid Karzai became the first elected president of which country in 2004?"
-    assert PgvectorKeywordRetriever(document_store=store).run(query=question)["documents"] == []
-    found = AnyTermKeywordRetriever(document_store=store, top_k=5).run(query=question)["documents"]
-    assert len(found) == 5 and "karzai" in found[0].content.lower()
-    assert [d.score for d in found] == sorted((d.score for d in found), reverse=True)
-    title = found[0].meta["title"]
-    only = AnyTermKeywordRetriever(document_store=store, top_k=5).run(
-        query=question, filters={"field": "meta.title", "operator": "!=", "value": title})["documents"]
-    assert only and all(d.meta["title"] != title for d in only)
-    assert AnyTermKeywordRetriever(document_store=store).run(query="the of and which")["documents"] == []
-    hostile = AnyTermKeywordRetriever(document_store=store).run(query="Karzai'); DROP TABLE test_keywords; --")
-    assert hostile["documents"] and store.count_documents() == 455
-    drop(pg_url, "test_keywords")
