@@ -84,6 +84,7 @@ def test_the_reader_saves_and_stops_at_the_step_a_signal_came_in(fault_case):
     owner = SimpleNamespace(config=ReaderConfig(out="unused", eval_every=100, steps=10))
     callbacks = ReaderCallbacks(owner, tokenizer=None, validation=[], run_record={}, bf16=False)
     state = SimpleNamespace(global_step=3, max_steps=10)
+    before = {signum: signal.getsignal(signum) for signum in stopping.STOP_SIGNALS}
     with pytest.raises(stopping.Stopped, match="stopped at step 3 of 10 by SIGTERM; saved here"):
         with stopping.graceful():
             control = callbacks.on_step_end(None, state, TrainerControl())
@@ -92,7 +93,7 @@ def test_the_reader_saves_and_stops_at_the_step_a_signal_came_in(fault_case):
             control = callbacks.on_step_end(None, state, TrainerControl())
             assert control.should_save and control.should_training_stop and callbacks.stopped_at == 3
             raise stopping.stopped(callbacks.stopped_at, 10, "here")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    assert {signum: signal.getsignal(signum) for signum in stopping.STOP_SIGNALS} == before  # the handlers are put back
     fault_case.survived()
 
 

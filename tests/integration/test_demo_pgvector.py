@@ -126,6 +126,7 @@ def test_serve_starts_the_server_it_needs_and_stops_it_on_exit(specs, vllm_serve
         postgres.stop(folder)
     # `rag-mag db start`'s server, here in a folder and on a port of this test's own (5433 may be in use)
     start = postgres.start
+    monkeypatch.delenv(postgres.URL_ENV, raising=False)  # no URL given (a module fixture before may have set one)
     monkeypatch.setattr(postgres, "default_folder", lambda: folder)
     monkeypatch.setattr(postgres, "start", lambda folder, **_: start(folder, port))
     seen = {}
