@@ -42,6 +42,13 @@ def stopped(step: int, steps: int, saved: object) -> Stopped:
                            "same command again to resume")
 
 
+def interrupted(detail: str) -> Stopped:
+    """The ``Stopped`` of a command that a signal ended at once (outside a ``graceful()`` block): ``detail`` says
+    what it kept and how to go on."""
+    signum = _state["signal"] or signal.SIGINT
+    return Stopped(signum, f"stopped by {signal_name(signum)}; {detail}")
+
+
 def signal_name(signum: int | None) -> str:
     return signal.Signals(signum or signal.SIGINT).name
 

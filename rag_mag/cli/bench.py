@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
 
 from rag_mag import durable, stopping, writable
@@ -63,11 +62,9 @@ def run(args: argparse.Namespace) -> int:
             out = BenchRunner(config, args.config, shlex.join(["rag-mag", *sys.argv[1:]]), only=args.only,
                               pg_url=args.pg_url).run()
         except KeyboardInterrupt:  # finished cells and every answer generated so far are on disk already
-            signum = stopping.last_signal() or signal.SIGINT
-            raise stopping.Stopped(signum, f"stopped by {stopping.signal_name(signum)}; the finished cells are in "
-                                           f"{config.out_dir() / 'cells'} and the answers generated so far in "
-                                           f"{config.out_dir() / 'cache'}: run the same command again to resume "
-                                           "from them") from None
+            raise stopping.interrupted(f"the finished cells are in {config.out_dir() / 'cells'} and the answers "
+                                       f"generated so far in {config.out_dir() / 'cache'}: run the same command "
+                                       "again to resume from them") from None
     if args.only:
         print(f"cells: {out / 'cells'} (no report with --only: run without it once every system is scored)")
     else:

@@ -37,8 +37,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import signal
-
     from rag_mag import durable, stopping, writable
     from rag_mag.bench.datasets import data_root
     from rag_mag.retriever.training_data import build_training_data
@@ -55,11 +53,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             summary = build_training_data(spec)
         except KeyboardInterrupt:  # build-data keeps no partial state: it starts over when run again
-            signum = stopping.last_signal() or signal.SIGINT
-            raise stopping.Stopped(signum, f"stopped by {stopping.signal_name(signum)}; {spec.out} holds a whole "
-                                           "build (the previous one, or the new one if the signal came while it "
-                                           "was being written), never a mix; run the same command again to "
-                                           "build it (build-data starts over)") from None
+            raise stopping.interrupted(f"{spec.out} holds a whole build (the previous one, or the new one if the "
+                                       "signal came while it was being written), never a mix; run the same command "
+                                       "again to build it (build-data starts over)") from None
     print(json.dumps({"out": spec.out, "train": summary["train"], "val": summary["val"],
                       "sources": summary["sources"]}, indent=2))
     return 0

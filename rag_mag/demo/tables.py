@@ -84,14 +84,14 @@ def database_error(error: BaseException) -> DatabaseUnavailableError | None:
     """The one line a user sees when ``error`` (or what caused it) is PostgreSQL's connection failing."""
     import psycopg
 
-    from rag_mag.serving import postgres
+    from rag_mag.serving import pgvector, postgres
 
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
         if isinstance(cause, psycopg.OperationalError):
             url = os.environ.get(postgres.URL_ENV) or "(no URL)"
-            reason = " ".join(str(cause).split()).replace(url, postgres.redact(url))[:200]
+            reason = pgvector.error_reason(cause, url)
             return DatabaseUnavailableError(
                 f"lost PostgreSQL at {postgres.redact(url)} ({reason}); start it again with `rag-mag db start` (or "
                 f"fix {postgres.URL_ENV}): the demo reconnects by itself on the next question")

@@ -44,6 +44,11 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 
+def error_reason(error: BaseException, url: str, limit: int = 200) -> str:
+    """A PostgreSQL error as one short line, with ``url``'s password masked wherever the message repeats it."""
+    return " ".join(str(error).split()).replace(url, postgres.redact(url))[:limit]
+
+
 def check_table_name(table: str) -> str:
     if not isinstance(table, str) or not _TABLE_NAME.match(table):
         raise ConfigError(f"bad table name {table!r}: use lower-case letters, digits and _ (at most 51, not "
@@ -109,10 +114,8 @@ def check_connection(url: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         with psycopg.connect(url, connect_timeout=max(1, int(timeout)), autocommit=True) as connection:
             connection.execute("SELECT 1")
     except psycopg.Error as error:
-        reason = " ".join(str(error).split())
-        reason = reason.replace(url, postgres.redact(url))
-        raise ServerNotRunningError(f"cannot use PostgreSQL at {postgres.redact(url)}: {reason[:300]}; start it with "
-                                    f"`rag-mag db start`, or fix {postgres.URL_ENV}") from None
+        raise ServerNotRunningError(f"cannot use PostgreSQL at {postgres.redact(url)}: {error_reason(error, url, 300)};"
+                                    f" start it with `rag-mag db start`, or fix {postgres.URL_ENV}") from None
 
 
 @contextlib.contextmanager
@@ -135,12 +138,11 @@ def connection_errors(url: str, what: str) -> Iterator[None]:
     try:
         yield
     except psycopg.OperationalError as error:
+        reason = error_reason(error, url)
         if not (error.sqlstate or "").startswith("53"):  # 53xxx: disk full, out of memory, too many connections
-            reason = " ".join(str(error).split()).replace(url, postgres.redact(url))[:200]
             raise ServerNotRunningError(f"lost PostgreSQL at {postgres.redact(url)} while {what} ({reason}); what "
                                         "was committed is kept: run the same command again once the server is back "
                                         "(`rag-mag db start`)") from None
-        reason = " ".join(str(error).split())[:200]
         raise DiskFullError(f"PostgreSQL at {postgres.redact(url)} ran out of resources while {what} ({reason}); the "
                             "transaction in flight was rolled back and what was committed is kept: free space on "
                             "the server's data disk, then run the same command again") from None
