@@ -59,3 +59,13 @@ def shipped_reader_adapter() -> Path:
 def default_reader_dir() -> Path:
     """The trained reader: the shipped adapter merged into the converted SmolLM2, the default generator."""
     return artifacts_dir() / "smollm2-135m-reader"
+
+
+def shipped_writer_adapter() -> Path:
+    """The question writer's LoRA adapter (`rag-mag train-reader --config eval/configs/writer.yaml`)."""
+    return REPO_ROOT / "data" / "writer_default"
+
+
+def default_writer_dir() -> Path:
+    """The question writer: its shipped adapter merged into the converted SmolLM2 (what `rag-mag synth` serves)."""
+    return artifacts_dir() / "smollm2-135m-writer"

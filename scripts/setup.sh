@@ -56,7 +56,7 @@ if [ "$WITH_VLLM" = 1 ]; then
     fi
   fi
   .venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"
-  step "readers (SmolLM2-135M-Instruct, GGUF -> safetensors, and the shipped reader adapter merged in, once)"
+  step "readers (SmolLM2-135M-Instruct, GGUF -> safetensors, the shipped reader and question writer adapters merged in, once each)"
   # Runs in .venv (transformers, gguf, peft); the server itself is started later by `rag-mag serve-llm`.
   .venv/bin/rag-mag serve-llm --convert-only
 fi

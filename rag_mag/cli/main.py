@@ -33,6 +33,8 @@ COMMANDS = {
     "serve": "serve",
     "bench": "bench",
     "crossover": "crossover",
+    "adapt": "adapt",
+    "synth": "synth",
     "quickstart": "quickstart",
 }
 

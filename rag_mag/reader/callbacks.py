@@ -98,7 +98,8 @@ class ReaderCallbacks(TrainerCallback):
             with low_rank_weights(model, self.base_weights, self.config.export_rank):
                 scores, answers = self._scores(model)
         record = {"step": step, "val_em": scores["em"], "val_f1": scores["f1"], "val_n": scores["n"], **full,
-                  **{f"val_{name}": value for name, value in scores.items() if name.startswith(("em_", "n_"))}}
+                  **{f"val_{name}": value for name, value in scores.items()
+                     if name.startswith(("em_", "n_")) or name == "valid"}}
         logger.info("step %d validation: EM %.1f F1 %.1f on %d held-out examples%s", step, scores["em"],
                     scores["f1"], scores["n"], f" (full weights: EM {full['val_em_full']:.1f})" if full else "")
         self._append(record)

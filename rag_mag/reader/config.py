@@ -27,12 +27,15 @@ def _ints(text: str, name: str, minimum: int) -> tuple[int, ...]:
 
 
 METHODS = ("lora", "full")
+TASKS = ("answer", "question")
 
 
 @dataclass
 class ReaderConfig:
     out: str = _f("", "output folder: adapter/ (the best validated LoRA adapter), last/ (resumable), "
                       "data/ (the examples), train_log.jsonl")
+    task: str = _f("answer", "answer: the reader (a short span from the passages); question: the question writer "
+                             "(one passage in, a question it answers and that answer out, for `rag-mag synth`)")
     base_model: str = _f("", "the causal LM to fine-tune: a local Hugging Face folder (empty: the packaged "
                              "SmolLM2-135M-Instruct as converted by `rag-mag serve-llm --convert-only`)")
     gold_triples: str = _f("{data_root}/hotpotqa/hotpotqa_train_triples.jsonl.gz",
@@ -86,6 +89,8 @@ class ReaderConfig:
                      "steps", "batch_size", "max_length", "max_new_tokens", "eval_every", "save_every", "log_every"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown task {self.task!r}; valid tasks are: {', '.join(TASKS)}")
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; valid methods are: {', '.join(METHODS)}")
         if self.followup_chars < 0:
@@ -113,8 +118,9 @@ class ReaderConfig:
 
     def data_settings(self) -> dict[str, Any]:
         """The settings that decide the examples (a change means building them again)."""
-        names = ("gold_triples", "gold_eval", "mined_rows", "exclude_from", "retrieval_corpus", "retrieval_model",
-                 "max_passages", "passage_counts", "passage_chars", "followup_chars", "val_questions", "seed")
+        names = ("task", "gold_triples", "gold_eval", "mined_rows", "exclude_from", "retrieval_corpus",
+                 "retrieval_model", "max_passages", "passage_counts", "passage_chars", "followup_chars",
+                 "val_questions", "seed")
         return {name: getattr(self, name) for name in names}
 
     def to_dict(self) -> dict[str, Any]:

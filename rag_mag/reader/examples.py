@@ -18,6 +18,11 @@ passages are cut at one of the pipelines' truncations (``passage_chars``) when t
 A third view teaches ``rag_multihop.yaml``'s first step, so that one model serves both: ``followup``, a two-hop
 question's first round (the gold passage the question names, among distractors), whose target is the title
 of the other gold passage, the fact still missing.
+
+The question writer (``task: question``) learns the reverse task from the same training-side questions: its
+``question`` view shows one gold passage that holds an answer (within the truncation it is shown at), and its
+target is that question with the answer found there (``question_target``). Two-passage questions (HotpotQA's) are
+left out: one passage does not answer them.
 Validation holds out whole questions (``val_questions`` of them, from the gold sources) before any view is made.
 """
 
@@ -51,7 +56,8 @@ class ReaderExample:
     view: str                              # gold or retrieved
     source: str
     passage_chars: int
-    task: str = "answer"                   # answer, or followup (the multi-hop search query; target: a title)
+    task: str = "answer"                   # answer, followup (the multi-hop search query; target: a title), or
+                                           # question (the question writer; target: "Question: ...\nAnswer: ...")
 
 
 @dataclass
@@ -207,6 +213,34 @@ def _followup_view(question: Question, passage_chars: int, rng: random.Random) -
     return ReaderExample(f"{question.id}#followup", question.question, question.answers, missing.title,
                          tuple((p.title, p.text) for p in shown), "followup", question.source, passage_chars,
                          task="followup")
+
+
+def build_question_examples(questions: list[Question], *, passage_chars: Sequence[int], seed: int,
+                            stats: ExampleStats) -> list[ReaderExample]:
+    """The question writer's view of every one-passage question whose gold passage holds an answer where it is
+    shown (cut at the drawn truncation)."""
+    from rag_mag.components.question_prompt import question_target
+
+    rng = random.Random(seed)
+    examples: list[ReaderExample] = []
+    for question in questions:
+        if len(question.gold) != 1 or any(normalize_answer(a) in YES_NO for a in question.answers):
+            continue
+        chars = rng.choice(list(passage_chars))
+        passage = question.gold[0]
+        shown = Passage(passage.id, passage.title, passage.text[: max(20, chars - 5)])  # what truncate() keeps
+        answer = answer_target(question.answers, [shown])
+        if not answer:
+            stats.no_answer_in_gold += 1
+            continue
+        examples.append(ReaderExample(f"{question.id}#question", question.question, (answer,),
+                                      question_target(question.question, answer),
+                                      ((passage.title, passage.text),), "question", question.source, chars,
+                                      task="question"))
+    for example in examples:
+        stats.examples[example.view] = stats.examples.get(example.view, 0) + 1
+    rng.shuffle(examples)
+    return examples
 
 
 def dense_retriever(model: str, corpus: Sequence[Passage], precision: str, batch_size: int = 64) -> Retrieve:

@@ -30,7 +30,7 @@ def verify_adapter(adapter_dir: Path) -> str:
     for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
         if not (adapter_dir / name).is_file():
             raise CheckpointError(f"reader adapter {adapter_dir} has no {name}; train one with `rag-mag train-reader` "
-                                  "or restore data/reader_default/ with git")
+                                  "or restore it with git (data/reader_default/, data/writer_default/)")
     sums = adapter_dir / CHECKSUMS
     if sums.is_file():
         for line in sums.read_text().splitlines():
@@ -40,7 +40,7 @@ def verify_adapter(adapter_dir: Path) -> str:
             path = adapter_dir / name.strip().lstrip("*")
             if not path.is_file() or durable.sha256_of(path) != digest:
                 raise CheckpointError(f"reader adapter file {path} is missing or does not match {sums}; restore it "
-                                      "(git checkout data/reader_default) or retrain with `rag-mag train-reader`")
+                                      f"(git checkout {adapter_dir}) or retrain with `rag-mag train-reader`")
     return durable.sha256_of(adapter_dir / ADAPTER_WEIGHTS)
 
 

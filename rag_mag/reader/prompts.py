@@ -5,15 +5,20 @@ from __future__ import annotations
 
 from rag_mag.components.answer_prompt import answer_messages
 from rag_mag.components.followup_prompt import followup_messages
-from rag_mag.metrics.answers import clean_answer, score_answers
+from rag_mag.components.question_prompt import parse_question, question_messages
+from rag_mag.metrics.answers import clean_answer, contains_answer, score_answers
 from rag_mag.reader.examples import ReaderExample
 
 
 def prompt_text(tokenizer, example: ReaderExample) -> str:
     """The example's prompt exactly as vLLM's chat endpoint renders it: the pipeline's messages, the model's
     chat template, the assistant turn opened."""
-    build = followup_messages if example.task == "followup" else answer_messages
-    messages = build(example.question, example.passages, example.passage_chars)
+    if example.task == "question":
+        (title, text), = example.passages
+        messages = question_messages(title, text, example.passage_chars)
+    else:
+        build = followup_messages if example.task == "followup" else answer_messages
+        messages = build(example.question, example.passages, example.passage_chars)
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
@@ -25,9 +30,23 @@ def render(tokenizer, example: ReaderExample) -> tuple[list[int], list[int]]:
     return prompt_ids, answer_ids
 
 
+def read_reply(example: ReaderExample, reply: str) -> tuple[str, bool | None]:
+    """(the answer in a generated reply, and for the question writer whether the reply is valid: a question and
+    an answer that occurs in the passage as shown; None for the other tasks)."""
+    if example.task != "question":
+        return clean_answer(reply), None
+    parsed = parse_question(reply)
+    answer = parsed[1] if parsed else ""
+    (_, text), = example.passages
+    return answer, bool(parsed) and contains_answer(text[:example.passage_chars], [answer])
+
+
 def validation_scores(model, tokenizer, validation: list[ReaderExample], *, max_new_tokens: int,
                       bf16: bool, batch_size: int = 16) -> tuple[dict[str, float], list[str]]:
-    """Greedy answers to the validation prompts; EM and F1 (0-100) against every gold alias, and EM per view."""
+    """Greedy answers to the validation prompts; EM and F1 (0-100) against every gold alias, and EM per view.
+
+    A question writer's reply is scored by its answer line (against the answer the real question has there), and
+    ``valid`` is the share of replies that parse as a question and an answer found in the passage shown."""
     import torch
 
     from rag_mag.precision import autocast
@@ -45,10 +64,15 @@ def validation_scores(model, tokenizer, validation: list[ReaderExample], *, max_
             generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
                                        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
             for i, row in zip(chunk, generated[:, batch["input_ids"].shape[1]:], strict=True):
-                answers[i] = clean_answer(tokenizer.decode(row, skip_special_tokens=True))
+                answers[i] = tokenizer.decode(row, skip_special_tokens=True)
     model.train(was_training)
+    read = [read_reply(example, reply) for example, reply in zip(validation, answers, strict=True)]
+    answers = [answer for answer, _ in read]
+    valid = [ok for _, ok in read if ok is not None]
     scores = score_answers(answers, [e.answers for e in validation])
     result = {"em": scores.em, "f1": scores.f1, "n": len(validation)}
+    if valid:
+        result["valid"] = 100.0 * sum(valid) / len(valid)
     for view in sorted({example.view for example in validation}):  # gold, retrieved, followup
         rows = [i for i, example in enumerate(validation) if example.view == view]
         result[f"em_{view}"] = 100.0 * float(scores.em_per_example[rows].mean())

@@ -126,6 +126,12 @@ class ReaderTrainer:
                 kept.append(question)
                 stats.questions[question.source] = stats.questions.get(question.source, 0) + 1
         train_questions, val_questions = reader_examples.split_questions(kept, config.val_questions, config.seed)
+        if settings["task"] == "question":
+            train = reader_examples.build_question_examples(train_questions, passage_chars=config.passage_char_values,
+                                                            seed=config.seed, stats=stats)
+            validation = reader_examples.build_question_examples(val_questions, seed=config.seed + 1, stats=stats,
+                                                                 passage_chars=config.passage_char_values[:1])
+            return train, validation, stats
         retrieve = None
         if settings["retrieval_corpus"]:
             corpus = read_corpus(settings["retrieval_corpus"])

@@ -17,6 +17,7 @@ DEFAULT_API_BASE_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1"
 # VLLMChatGenerator in pipelines/. The untrained SmolLM2 stays available as the base reader.
 DEFAULT_SERVED_MODEL_NAME = "smollm2-135m-reader"
 BASE_SERVED_MODEL_NAME = "smollm2-135m-instruct"
+WRITER_SERVED_MODEL_NAME = "smollm2-135m-writer"  # the question writer of `rag-mag synth`
 URL_ENV = "RAG_MAG_VLLM_URL"
 PYTHON_ENV = "RAG_MAG_VLLM_PYTHON"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

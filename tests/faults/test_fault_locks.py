@@ -89,6 +89,8 @@ def command(name: str, inputs: dict[str, Path], out: Path) -> tuple[list[str], P
                    durable.lock_path(Path(str(out) + ".npz"))),
         "bench": ([str(root / "bench.yaml"), "--output-dir", str(out)], durable.lock_path(out)),
         "train-reader": (["--out", str(out)], durable.lock_path(out)),
+        "synth": ([str(root), "--out", str(out)], durable.lock_path(out)),
+        "adapt": ([str(root), "--out", str(out)], durable.lock_path(out)),
     }[name]
     return [name, *arguments[0]], arguments[1]
 
@@ -115,7 +117,7 @@ def refused_line(err: str, name: str) -> str:
 
 
 @pytest.mark.parametrize("name", ["train", "index", "build-data", "export-index", "mine", "encode", "bench",
-                                  "train-reader"])
+                                  "train-reader", "synth", "adapt"])
 def test_a_second_writer_is_refused_at_once_and_the_first_completes(inputs, tmp_path, capsys, no_model_loads,
                                                                     name, fault_case):
     out = tmp_path / "out"

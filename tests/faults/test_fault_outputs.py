@@ -23,7 +23,7 @@ from tests.faults.test_fault_locks import command, inputs, no_model_loads  # noq
 
 pytestmark = pytest.mark.faults
 
-WRITERS = ["train", "train-reader", "index", "build-data", "bench", "crossover"]
+WRITERS = ["train", "train-reader", "index", "build-data", "bench", "crossover", "synth", "adapt"]
 REASONS = {"read-only": "read-only filesystem", "no-permission": "permission denied",
            "file-in-the-way": "a file is where a folder should be"}
 

@@ -49,6 +49,7 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], type]] = {
     "crossover.yaml": (load_crossover_config, CrossoverConfig),
     "train_data.yaml": (load_data_recipe, DataSpec),
     "reader.yaml": (load_reader_config, ReaderConfig),
+    "writer.yaml": (load_reader_config, ReaderConfig),
 }
 
 
@@ -217,6 +218,13 @@ def test_reader_config_builds_the_shipped_reader():
     shipped = json.loads((REPO_ROOT / "data" / "reader_default" / "reader.json").read_text())["config"]
     ours = config.to_dict()
     assert {key: ours[key] for key in shipped if key in ours} == {key: v for key, v in shipped.items() if key in ours}
+
+
+def test_writer_config_builds_the_shipped_question_writer():
+    config = load("writer.yaml")
+    assert config.task == "question" and not config.retrieval_corpus
+    shipped = json.loads((REPO_ROOT / "data" / "writer_default" / "reader.json").read_text())["config"]
+    assert shipped == config.to_dict()
 
 
 @needs_data

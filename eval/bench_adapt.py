@@ -1,0 +1,149 @@
+"""Unsupervised domain adaptation, measured on real questions that no training saw (issue 49, GPL's protocol).
+
+    .venv/bin/python eval/bench_adapt.py --datasets musique trivia_qa      # stop vLLM first; resumable
+
+For each evaluation set, its corpus is treated as "the user's documents" and its questions are never read until
+the last step:
+
+1. ``rag-mag index --corpus CORPUS --retriever BASE``: the corpus indexed with the untrained base (the packaged
+   MiniLM under cosine, saved as a checkpoint), as a user's index would be;
+2. ``rag-mag synth INDEX --chunks N``: synthetic questions for N sampled chunks, kept by the two round trips;
+3. ``rag-mag adapt INDEX --pairs PAIRS``: cosine and qnorm trained under the default recipe on the pairs of the
+   training "files" (a chunk's title stands for its file), validated on others, scored on the rest, published only
+   if better than the base there (p < 0.05, Holm);
+4. then, and only then, the set's real questions (the first ``--questions`` of its evaluation file, as
+   ``eval/configs/cpu.yaml`` ranks them: TriviaQA 500, MuSiQue its 100) rank the whole corpus under the untrained
+   base, BM25 and every adapted strategy, judged as the benchmark judges them (``EvalDataset.judge``): nDCG@10 with a
+   95% bootstrap interval, and each adapted retriever's paired permutation test against the base. The cpu report's
+   cosine (``rag:cosine``, the crossover study's cosine trained on the default training data) is quoted from
+   ``eval/reports/cpu/results.json`` on the same questions.
+
+No setting was chosen on these questions: the commands run with their defaults. Writes
+``eval/reports/adapt/results.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rag_mag import durable  # noqa: E402
+from rag_mag.bench.datasets import load_eval_dataset  # noqa: E402
+from rag_mag.bench.stats import bootstrap_ci, paired_permutation_test  # noqa: E402
+from rag_mag.metrics.retrieval import ndcg_at_k  # noqa: E402
+from rag_mag.precision import cpu_kind  # noqa: E402
+
+logger = logging.getLogger("bench_adapt")
+OUT = REPO / "eval" / "reports" / "adapt"
+QUESTIONS = {"trivia_qa": 500, "musique": 100}
+RAG_MAG = [sys.executable, "-m", "rag_mag.cli.main"]
+
+
+def command(args: list[str]) -> float:
+    """Run one rag-mag command (it resumes itself); its wall seconds."""
+    logger.info("$ rag-mag %s", " ".join(args))
+    started = time.perf_counter()
+    subprocess.run([*RAG_MAG, *args], check=True, cwd=REPO)
+    return round(time.perf_counter() - started, 1)
+
+
+def cpu_report_cosine(dataset: str) -> dict | None:
+    results = json.loads((REPO / "eval" / "reports" / "cpu" / "results.json").read_text())
+    for row in results["aggregates"]:
+        if row["dataset"] == dataset and row["system"] == "rag:cosine":
+            return {"ndcg@10": row["means"]["ndcg@10"], "ci": row["ci"]["ndcg@10"], "n": row["n_ranked"]}
+    return None
+
+
+def rank_real_questions(dataset, systems: dict[str, str | None]) -> dict[str, list[float]]:
+    """``{system: per-question nDCG@10}``: each system ranks the whole corpus for every real question."""
+    import numpy as np
+
+    from rag_mag.precision import use_bf16
+    from rag_mag.retriever.bm25 import BM25Index
+    from rag_mag.retriever.encoder import MagnitudeEncoder
+
+    questions = [record.question for record in dataset.records]
+    per_query = {}
+    for name, checkpoint in systems.items():
+        if checkpoint is None:  # BM25
+            rows, _ = BM25Index(dataset.corpus, show_progress=False).search(questions, 20)
+            ranked = [[dataset.corpus[int(i)].id for i in row] for row in rows]
+        else:
+            encoder = MagnitudeEncoder.load(checkpoint, inference=True)
+            bf16 = use_bf16("auto", encoder.device)
+            documents = encoder.encode([p.content for p in dataset.corpus], "document", bf16=bf16)
+            queries = encoder.encode(questions, "query", bf16=bf16)
+            top = np.argsort(-(queries @ documents.T), axis=1)[:, :20]
+            ranked = [[dataset.corpus[int(i)].id for i in row] for row in top]
+        per_query[name] = [100.0 * ndcg_at_k(judgement, 10) for judgement in dataset.judge_all(ranked)]
+    return per_query
+
+
+def adapt_one(name: str, args: argparse.Namespace) -> dict:
+    from rag_mag.adapt.chunks import base_retriever
+
+    work = args.work / name
+    dataset = load_eval_dataset(name, limit=args.questions or QUESTIONS[name])
+    corpus = Path(dataset.source.split(" + corpus ")[1])
+    base = base_retriever(work)
+    seconds = {"index": command(["index", "--corpus", str(corpus), "--retriever", str(base),
+                                 "--out", str(work / "index")])}
+    seconds["synth"] = command(["synth", str(work / "index"), "--out", str(work / "pairs"),
+                                "--chunks", str(args.chunks)])
+    seconds["adapt"] = command(["adapt", str(work / "index"), "--pairs", str(work / "pairs"),
+                                "--out", str(work / "adapt"), *args.adapt_args])
+    report = json.loads((work / "adapt" / "report.json").read_text())
+    systems = {"base": str(base), "bm25": None}
+    systems.update({f"adapted_{s}": str(work / "adapt" / "runs" / s / "best") for s in report["training"]})
+    started = time.perf_counter()
+    per_query = rank_real_questions(dataset, systems)
+    seconds["real_questions"] = round(time.perf_counter() - started, 1)
+    rows = {}
+    for system, values in per_query.items():
+        low, high = bootstrap_ci(values)
+        rows[system] = {"ndcg@10": sum(values) / len(values), "ci": [low, high]}
+        if system.startswith("adapted_"):
+            rows[system]["gain"] = rows[system]["ndcg@10"] - sum(per_query["base"]) / len(values)
+            rows[system]["p"] = paired_permutation_test(values, per_query["base"])
+    return {"questions": len(dataset.records), "corpus": len(dataset.corpus), "chunks_asked": args.chunks,
+            "synth": json.loads((work / "pairs" / "synth.json").read_text())["counts"],
+            "adapt_decision": report.get("decision"), "adapt_test": report.get("systems"),
+            "real_questions": rows, "cpu_report_cosine": cpu_report_cosine(name), "seconds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", nargs="+", default=["musique", "trivia_qa"], choices=sorted(QUESTIONS))
+    parser.add_argument("--chunks", type=int, default=1000, help="chunks asked about (rag-mag synth --chunks)")
+    parser.add_argument("--questions", type=int, default=0, help="real questions (0: as cpu.yaml ranks them)")
+    parser.add_argument("--work", type=Path, default=REPO / "artifacts" / "bench_adapt")
+    parser.add_argument("--out", type=Path, default=OUT / "results.json")
+    parser.add_argument("--adapt-args", nargs=argparse.REMAINDER, default=[],
+                        help="further flags for rag-mag adapt (e.g. --steps 100)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    results = json.loads(args.out.read_text()) if args.out.is_file() else {"sets": {}}
+    results["machine"] = cpu_kind()
+    for name in args.datasets:
+        results["sets"][name] = adapt_one(name, args)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        durable.write_text(args.out, json.dumps(results, indent=2) + "\n")  # each set saved as it finishes
+    for name, row in results["sets"].items():
+        figures = {system: f"{value['ndcg@10']:.1f}" + (f" ({value['gain']:+.1f}, p {value['p']:.3f})"
+                                                          if "gain" in value else "")
+                   for system, value in row["real_questions"].items()}
+        cosine = row["cpu_report_cosine"]
+        print(name, figures, "cpu report cosine", f"{cosine['ndcg@10']:.1f}" if cosine else "-")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Adapting the retriever to a folder of documents (``rag-mag adapt``): synthetic pairs, splits, training, test."""
