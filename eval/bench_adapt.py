@@ -131,6 +131,8 @@ def main() -> None:
                         help="further flags for rag-mag adapt (e.g. --steps 100)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "openai"):  # a line per request
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     results = json.loads(args.out.read_text()) if args.out.is_file() else {"sets": {}}
     results["machine"] = cpu_kind()
     for name in args.datasets:

@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "openai"):  # a line per request
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     started = time.perf_counter()
     sets = {"nq_heldout": heldout_passages(args.work), "triviaqa_corpus": corpus_passages(args.passages, args.seed)}
     settings = SynthSettings()

@@ -183,6 +183,8 @@ def vllm_generate(url: str, model: str, max_tokens: int, in_flight: int = 16) ->
     from haystack.dataclasses import ChatMessage
     from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
+    from rag_mag.bench.generation import TruncatedAnswers
+
     generator = VLLMChatGenerator(model=model, api_base_url=url, timeout=300.0, max_retries=3,
                                   generation_kwargs={"max_tokens": max_tokens, "temperature": 0.0})
     generator.warm_up()
@@ -193,8 +195,13 @@ def vllm_generate(url: str, model: str, max_tokens: int, in_flight: int = 16) ->
         return generator.run(messages=chat)["replies"][0].text or ""
 
     def generate(prompts: list[list[dict]]) -> list[str]:
-        with ThreadPoolExecutor(max_workers=in_flight) as pool:
-            return list(pool.map(one, prompts))
+        # a reply cut at max_tokens is counted, not warned about one by one: it fails to parse, or is judged
+        with TruncatedAnswers() as truncated, ThreadPoolExecutor(max_workers=in_flight) as pool:
+            replies = list(pool.map(one, prompts))
+        if truncated.count:
+            logger.info("%d of %d %s replies reached max_tokens (%d)", truncated.count, len(prompts), model,
+                        max_tokens)
+        return replies
 
     return generate
 
