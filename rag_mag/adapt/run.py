@@ -117,7 +117,7 @@ def adapt(settings: AdaptSettings) -> AdaptResult:
         manifest, _ = build_splits(pairs, out / "splits", settings.val_fraction, settings.test_fraction,
                                    settings.min_pairs)
     with stage("train", seconds):
-        training = train_all(settings, splits_digest(manifest))
+        training = train_all(settings, splits_digest(manifest), pairs.corpus)
     with stage("score", seconds):
         test = load_test_split(out / "splits" / "test.jsonl")
         corpus = load_corpus(pairs.corpus)
@@ -172,10 +172,10 @@ def splits_digest(manifest: dict) -> str:
     return hashlib.sha256("".join(manifest["splits"][name]["sha256"] for name in SPLITS).encode()).hexdigest()
 
 
-def train_all(settings: AdaptSettings, splits_sha256: str) -> dict[str, dict]:
-    """Every strategy's run record, trained one after another (each resumable)."""
+def train_all(settings: AdaptSettings, splits_sha256: str, corpus: Path) -> dict[str, dict]:
+    """Every strategy's run record, trained one after another (each resumable), validated on the whole corpus."""
     configs = {strategy: train_config(strategy, settings.out / "splits", settings.out / "runs" / strategy,
-                                      settings.training) for strategy in settings.strategies}  # all checked first
+                                      settings.training, corpus) for strategy in settings.strategies}
     return {strategy: train_strategy(config, splits_sha256) for strategy, config in configs.items()}
 
 

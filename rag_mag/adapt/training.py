@@ -27,7 +27,7 @@ STRATEGIES = tuple(strategy.value for strategy in Strategy)
 DEFAULT_STRATEGIES = ("cosine", "qnorm")
 RUN_RECORD = "adapt_run.json"
 # set by adapt itself: a training settings file may not name them
-OWNED_FIELDS = ("strategy", "train_data", "val_data", "out")
+OWNED_FIELDS = ("strategy", "train_data", "val_data", "val_corpus", "out")
 
 
 def parse_strategies(text: str | list[str]) -> list[str]:
@@ -42,15 +42,19 @@ def parse_strategies(text: str | list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def train_config(strategy: str, splits_dir: Path, run_dir: Path, settings: Mapping[str, Any]) -> TrainConfig:
+def train_config(strategy: str, splits_dir: Path, run_dir: Path, settings: Mapping[str, Any],
+                 corpus: Path | None = None) -> TrainConfig:
     """TrainConfig's defaults, then ``settings`` (steps, batch_size, base_model, precision, ...), then the
-    splits and the run folder."""
+    splits and the run folder. With ``corpus`` (every chunk), validation ranks the whole corpus for each
+    validation question, as the test does: the validation triples' own passages alone are too easy a pool to
+    tell checkpoints apart (a round-trip-checked question's chunk is already in the base's top 20 of all)."""
     owned = [name for name in OWNED_FIELDS if name in settings]
     if owned:
         raise ConfigError(f"adapt sets {', '.join(owned)} itself; leave {'it' if len(owned) == 1 else 'them'} out of "
                           "the training settings")
     values = {**settings, "strategy": strategy, "train_data": str(splits_dir / "train.jsonl"),
-              "val_data": str(splits_dir / "val.jsonl"), "out": str(run_dir)}
+              "val_data": str(splits_dir / "val.jsonl"), "out": str(run_dir),
+              "val_corpus": str(corpus) if corpus is not None else ""}
     return make_config(TrainConfig, values, source="adapt training settings")
 
 
@@ -58,7 +62,7 @@ def run_identity(config: TrainConfig, splits_sha256: str) -> dict:
     """What decides a run's result: its settings except how it runs (and the data paths: the splits' digest
     stands for them)."""
     settings = {name: value for name, value in config.to_dict().items()
-                if name not in RESUMABLE_CHANGES or name == "steps"}
+                if name not in RESUMABLE_CHANGES or name in ("steps", "val_corpus")}
     return {"settings": settings, "splits_sha256": splits_sha256}
 
 

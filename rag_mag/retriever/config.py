@@ -36,6 +36,9 @@ class TrainConfig:
     val_data: str = _f("", "held-out triples JSONL for validation; empty: hold out val_fraction of train_data")
     val_fraction: float = _f(0.1, "share of training queries held out for validation when val_data is empty")
     val_max_queries: int = _f(300, "at most this many validation queries (their passages form the search pool)")
+    val_corpus: str = _f("", "corpus JSONL ({id, title, text}) whose passages join the validation search pool, "
+                             "so that validation ranks a whole corpus as a test does (rag-mag adapt: every chunk); "
+                             "empty: the validation queries' own passages alone")
     base_model: str = _f("", "Hugging Face encoder: local folder or hub id (empty: packaged all-MiniLM-L6-v2)")
     pooling: str = _f("mean", "pooling of token vectors: mean or cls")
     query_max_length: int = _f(32, "max query tokens")

@@ -19,15 +19,17 @@ logger = logging.getLogger("rag_mag.retriever.trainer")
 # Settings that may change between a run and its resumption (how long and how it runs, not what it learns);
 # the data files are compared by content (sha256), not by path.
 RESUMABLE_CHANGES = frozenset({"out", "resume", "resume_anyway", "steps", "eval_every", "log_every", "save_every",
-                               "threads", "device", "precision", "bf16", "train_data", "val_data"})
+                               "threads", "device", "precision", "bf16", "train_data", "val_data",
+                               "val_corpus"})
 # Settings baked into the saved model: with --resume-anyway the checkpoint's values are kept (and recorded).
 ENCODER_FIELDS = ("strategy", "base_model", "pooling", "query_max_length", "document_max_length")
 
 
 def data_fingerprint(config: TrainConfig) -> dict[str, str | None]:
-    """sha256 of the training (and validation) file: a resumed run must see the same data."""
+    """sha256 of the training (and validation) files: a resumed run must see the same data."""
     return {name: durable.sha256_of(path) if path else None
-            for name, path in (("train_data", config.train_data), ("val_data", config.val_data))}
+            for name, path in (("train_data", config.train_data), ("val_data", config.val_data),
+                               ("val_corpus", config.val_corpus))}
 
 
 def should_resume(config: TrainConfig, last_dir: Path, group: ProcessGroup, fingerprint: dict[str, str | None],

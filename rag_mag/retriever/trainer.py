@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from rag_mag import stopping
-from rag_mag.data import Triple
+from rag_mag.data import Triple, read_corpus
 from rag_mag.errors import ConfigError, TrainingError
 from rag_mag.precision import autocast, describe, use_bf16
 from rag_mag.retriever.batches import embed_shard, false_negative_mask, gather_batch, load_training_data, make_batch
@@ -83,6 +83,7 @@ class Trainer:
         # the last validation (step, queries) -> scores: an on_step hook and the trainer validate the same
         # weights at a checkpoint step, so the second asks for scores the first computed
         self._last_validation: tuple[tuple, tuple[dict[str, float], list[float]]] | None = None
+        self._val_distractors: list | None = None  # val_corpus's passages, read at the first validation
         self.device = torch.device("cpu")
         self.bf16 = False  # decided in train() from config.precision and the device
         self.data_fingerprint: dict[str, str | None] = {}
@@ -106,7 +107,9 @@ class Trainer:
         key = (self.step, tuple(triple.query for triple in validation))
         if self.step is not None and self._last_validation and self._last_validation[0] == key:
             return self._last_validation[1]
-        result = validation_scores(encoder, validation, bf16=self.bf16)
+        if self._val_distractors is None:  # read once: the pool widened by val_corpus, if any
+            self._val_distractors = read_corpus(self.config.val_corpus) if self.config.val_corpus else []
+        result = validation_scores(encoder, validation, self._val_distractors, bf16=self.bf16)
         self._last_validation = (key, result)
         return result
 

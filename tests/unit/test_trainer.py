@@ -240,3 +240,27 @@ def test_validation_ranks_the_distractors_too(setup):
     assert plain["recall@1"] > 0 and widened["recall@1"] == 0
     assert all(w <= p for w, p in zip(widened_per_query, plain_per_query, strict=True))
     assert widened["ndcg@10"] < plain["ndcg@10"]
+
+
+def test_val_corpus_widens_the_validation_pool_to_a_whole_corpus(setup, tmp_path, monkeypatch):
+    """val_corpus's passages are read once and join every validation's pool; without it the pool is the
+    validation triples' own passages."""
+    corpus = [{"id": f"c{n}", "title": "madrid", "text": f"madrid is the capital of spain {n}"} for n in range(5)]
+    write_jsonl(tmp_path / "corpus.jsonl", corpus)
+    seen = []
+    real = trainer_module.validation_scores
+
+    def spy(encoder, validation, distractors=(), bf16=False):
+        seen.append([p.id for p in distractors])
+        return real(encoder, validation, distractors, bf16=bf16)
+
+    monkeypatch.setattr(trainer_module, "validation_scores", spy)
+    config = setup(val_corpus=str(tmp_path / "corpus.jsonl"))
+    _, validation = load_training_data(config)
+    encoder = tiny_encoder(tmp_path / "tok", "cosine")
+    trainer = Trainer(config)
+    trainer.validate(encoder, validation)
+    trainer.step = 1  # another step: validated again, from the corpus read once
+    trainer.validate(encoder, validation)
+    Trainer(setup()).validate(encoder, validation)
+    assert seen == [[f"c{n}" for n in range(5)]] * 2 + [[]]
