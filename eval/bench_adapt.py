@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 from rag_mag import durable  # noqa: E402
 from rag_mag.bench.datasets import load_eval_dataset  # noqa: E402
 from rag_mag.bench.stats import bootstrap_ci, paired_permutation_test  # noqa: E402
+from rag_mag.components.faiss_index import is_index_folder  # noqa: E402
 from rag_mag.metrics.retrieval import ndcg_at_k  # noqa: E402
 from rag_mag.precision import cpu_kind  # noqa: E402
 
@@ -95,12 +96,19 @@ def adapt_one(name: str, args: argparse.Namespace) -> dict:
     dataset = load_eval_dataset(name, limit=args.questions or QUESTIONS[name])
     corpus = Path(dataset.source.split(" + corpus ")[1])
     base = base_retriever(work)
-    seconds = {"index": command(["index", "--corpus", str(corpus), "--retriever", str(base),
-                                 "--out", str(work / "index")])}
-    seconds["synth"] = command(["synth", str(work / "index"), "--out", str(work / "pairs"),
-                                "--chunks", str(args.chunks)])
-    seconds["adapt"] = command(["adapt", str(work / "index"), "--pairs", str(work / "pairs"),
-                                "--out", str(work / "adapt"), *args.adapt_args])
+    # a stage's first full run is its wall time; a rerun (which resumes, or finds the index built) keeps it
+    seconds_path = work / "seconds.json"
+    seconds = json.loads(seconds_path.read_text()) if seconds_path.is_file() else {}
+    stages = {"index": ["index", "--corpus", str(corpus), "--retriever", str(base), "--out", str(work / "index")],
+              "synth": ["synth", str(work / "index"), "--out", str(work / "pairs"), "--chunks", str(args.chunks)],
+              "adapt": ["adapt", str(work / "index"), "--pairs", str(work / "pairs"), "--out", str(work / "adapt"),
+                        *args.adapt_args]}
+    for stage, arguments in stages.items():
+        if stage == "index" and is_index_folder(work / "index"):
+            continue
+        took = command(arguments)
+        seconds.setdefault(stage, took)
+        durable.write_text(seconds_path, json.dumps(seconds, indent=2) + "\n")
     report = json.loads((work / "adapt" / "report.json").read_text())
     systems = {"base": str(base), "bm25": None}
     systems.update({f"adapted_{s}": str(work / "adapt" / "runs" / s / "best") for s in report["training"]})

@@ -292,10 +292,14 @@ def synthesize(source: str, out: Path, *, settings: SynthSettings | None = None,
     write_jsonl(corpus_path, [chunk.record() for chunk in chunks])
     sampled = sample_chunks(chunks, settings)
     logger.info("%d chunks, %d sampled for a question each", len(chunks), len(sampled))
-    with served(settings.writer, llm_url, writer_generate, max_tokens=64) as generate:
-        written = write_questions(sampled, out, generate, settings, progress)
-    with served(settings.reader, llm_url, reader_generate, max_tokens=32) as generate:
-        answered = answer_questions(written, by_id, out, generate, settings, progress)
+    written = _done(out / "written.jsonl", "chunk_id")
+    if any(chunk.id not in written for chunk in sampled):  # a server is started only for work left to do
+        with served(settings.writer, llm_url, writer_generate, max_tokens=64) as generate:
+            written = write_questions(sampled, out, generate, settings, progress)
+    answered = _done(out / "answered.jsonl", "chunk_id")
+    if any(record["question"] and chunk_id not in answered for chunk_id, record in written.items()):
+        with served(settings.reader, llm_url, reader_generate, max_tokens=32) as generate:
+            answered = answer_questions(written, by_id, out, generate, settings, progress)
     asked = {chunk_id: record["question"] for chunk_id, record in written.items() if record["question"]}
     ranks = base_ranks(asked, chunks, base_retriever(out, settings.base_model), settings.base_top_k)
     counts = SynthCounts(chunks=len(chunks), sampled=len(sampled))

@@ -92,16 +92,25 @@ def test_synth_keeps_round_trips_only_and_records_provenance(tmp_path, corpus):
     assert not any("alpha0" in p["query"] or "bravo0" in p["query"] or "charlie0" in p["query"] for p in pairs)
 
 
-def test_synth_resumes_without_asking_again_and_refuses_other_settings(tmp_path, corpus):
+def test_synth_resumes_without_asking_again_and_refuses_other_settings(tmp_path, corpus, monkeypatch):
     folder, base = corpus
     settings = SynthSettings(chunks=100, min_words=10, base_top_k=1000, base_model=str(base))
     writer = Writer()
     synthesize(str(folder), tmp_path / "pairs", settings=settings, progress=False, writer_generate=writer,
                reader_generate=reader)
     assert writer.calls == 12
-    synthesize(str(folder), tmp_path / "pairs", settings=settings, progress=False, writer_generate=writer,
-               reader_generate=reader)
-    assert writer.calls == 12  # every chunk's question was already written
+    def pairs_read() -> list[tuple]:
+        rows = map(json.loads, (tmp_path / "pairs" / "pairs.jsonl").read_text().splitlines())
+        return [(row["id"], row["query"], row["chunk_id"], row["checks"]["reader_answer"]) for row in rows]
+
+    pairs = pairs_read()
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started although every question was written and answered")
+
+    monkeypatch.setattr("rag_mag.adapt.synth.served", no_server)
+    synthesize(str(folder), tmp_path / "pairs", settings=settings, progress=False)
+    assert pairs_read() == pairs  # the same pairs, nothing asked again
     with pytest.raises(ConfigError, match="other settings"):
         synthesize(str(folder), tmp_path / "pairs", settings=SynthSettings(chunks=5, min_words=10,
                                                                              base_model=str(base)),
