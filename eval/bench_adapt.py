@@ -65,26 +65,20 @@ def cpu_report_cosine(dataset: str) -> dict | None:
 
 
 def rank_real_questions(dataset, systems: dict[str, str | None]) -> dict[str, list[float]]:
-    """``{system: per-question nDCG@10}``: each system ranks the whole corpus for every real question."""
-    import numpy as np
-
+    """``{system: per-question nDCG@10}``: each system ranks the whole corpus for every real question (the same
+    exact ranking ``rag-mag adapt`` scores its test split with)."""
+    from rag_mag.adapt.scoring import rank_bm25, rank_dense
     from rag_mag.precision import use_bf16
-    from rag_mag.retriever.bm25 import BM25Index
     from rag_mag.retriever.encoder import MagnitudeEncoder
 
     questions = [record.question for record in dataset.records]
     per_query = {}
     for name, checkpoint in systems.items():
         if checkpoint is None:  # BM25
-            rows, _ = BM25Index(dataset.corpus, show_progress=False).search(questions, 20)
-            ranked = [[dataset.corpus[int(i)].id for i in row] for row in rows]
+            ranked = rank_bm25(dataset.corpus, questions)
         else:
             encoder = MagnitudeEncoder.load(checkpoint, inference=True)
-            bf16 = use_bf16("auto", encoder.device)
-            documents = encoder.encode([p.content for p in dataset.corpus], "document", bf16=bf16)
-            queries = encoder.encode(questions, "query", bf16=bf16)
-            top = np.argsort(-(queries @ documents.T), axis=1)[:, :20]
-            ranked = [[dataset.corpus[int(i)].id for i in row] for row in top]
+            ranked = rank_dense(encoder, dataset.corpus, questions, bf16=use_bf16("auto", encoder.device))
         per_query[name] = [100.0 * ndcg_at_k(judgement, 10) for judgement in dataset.judge_all(ranked)]
     return per_query
 

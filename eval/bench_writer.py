@@ -32,7 +32,13 @@ sys.path.insert(0, str(REPO))
 
 from rag_mag import durable  # noqa: E402
 from rag_mag.adapt.chunks import Chunk  # noqa: E402
-from rag_mag.adapt.synth import SynthSettings, agreement, answer_questions, served, write_questions  # noqa: E402
+from rag_mag.adapt.synth import (  # noqa: E402
+    SynthSettings,
+    answer_questions,
+    reader_agrees,
+    served,
+    write_questions,
+)
 from rag_mag.bench.datasets import data_root  # noqa: E402
 from rag_mag.bench.stats import bootstrap_ci, paired_permutation_test  # noqa: E402
 from rag_mag.data import read_corpus  # noqa: E402
@@ -70,8 +76,7 @@ def judge_one(chunk: Chunk, written: dict, answered: dict) -> dict[str, float]:
     parsed = bool(written.get("question"))
     in_passage = parsed and contains_answer(chunk.text, [written["answer"]])
     reader_answer = answered.get("reader_answer", "")
-    answered_ok = in_passage and contains_answer(chunk.text, [reader_answer]) and \
-        agreement(reader_answer, written["answer"]) >= 0.5
+    answered_ok = in_passage and reader_agrees(chunk.text, written["answer"], reader_answer, 0.5)
     leaks = parsed and normalize_answer(written["answer"]) in normalize_answer(written["question"])
     return {"parsed": float(parsed), "answer_in_passage": float(in_passage), "answered": float(answered_ok),
             "answer_in_question": float(leaks)}

@@ -140,30 +140,25 @@ def answer_questions(written: dict[str, dict], by_id: dict[str, Chunk], out: Pat
 def base_ranks(questions: dict[str, str], chunks: Sequence[Chunk], base: Path, top_k: int) -> dict[str, int | None]:
     """``{chunk id: rank}`` (1-based) of each question's own chunk among all chunks under the base retriever;
     None beyond ``top_k``."""
-    import numpy as np
-
+    from rag_mag.adapt.scoring import rank_dense
     from rag_mag.precision import use_bf16
     from rag_mag.retriever.encoder import MagnitudeEncoder
 
     encoder = MagnitudeEncoder.load(base, inference=True)
-    bf16 = use_bf16("auto", encoder.device)
-    documents = encoder.encode([chunk.content for chunk in chunks], "document", show_progress=True, bf16=bf16)
     ids = list(questions)
-    queries = encoder.encode([questions[i] for i in ids], "query", bf16=bf16)
-    row_of = {chunk.id: row for row, chunk in enumerate(chunks)}
-    ranks: dict[str, int | None] = {}
-    for start in range(0, len(ids), 256):
-        scores = queries[start:start + 256] @ documents.T
-        for chunk_id, row in zip(ids[start:start + 256], scores, strict=True):
-            rank = int(np.sum(row > row[row_of[chunk_id]])) + 1
-            ranks[chunk_id] = rank if rank <= top_k else None
-    return ranks
+    ranked = rank_dense(encoder, chunks, [questions[i] for i in ids], bf16=use_bf16("auto", encoder.device),
+                        top_k=top_k, progress=True)
+    return {chunk_id: row.index(chunk_id) + 1 if chunk_id in row else None
+            for chunk_id, row in zip(ids, ranked, strict=True)}
 
 
-def agreement(reader_answer: str, writer_answer: str) -> float:
-    from rag_mag.metrics.answers import f1
+def reader_agrees(text: str, writer_answer: str, reader_answer: str, min_agreement: float) -> bool:
+    """Round trip 2: the reader's answer from the passage alone is a span of it that agrees with the writer's
+    (token F1 at least ``min_agreement``)."""
+    from rag_mag.metrics.answers import contains_answer, f1
 
-    return f1(reader_answer, [writer_answer]) if reader_answer and writer_answer else 0.0
+    return bool(reader_answer and writer_answer) and contains_answer(text, [reader_answer]) and \
+        f1(reader_answer, [writer_answer]) >= min_agreement
 
 
 @dataclass
@@ -224,14 +219,18 @@ def mine_negatives(kept: list[dict], corpus_path: Path, count: int) -> dict[str,
     return negatives
 
 
-def _check_manifest(out: Path, settings: SynthSettings, digest: str) -> None:
+def _claim(out: Path, source: str, settings: SynthSettings, digest: str) -> None:
+    """Record the settings and the corpus before any reply is written, or refuse a folder that holds another
+    run's: replies of two settings or two corpora are never mixed, also after an interrupted run."""
     path = out / MANIFEST
-    if not path.is_file():
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("settings") != asdict(settings) or saved.get("corpus_sha256") != digest:
+            raise ConfigError(f"{out} holds pairs written with other settings or for another corpus ({path}); use "
+                              "the same settings, another --out, or delete it to start over")
         return
-    saved = json.loads(path.read_text())
-    if saved.get("settings") != asdict(settings) or saved.get("corpus_sha256") != digest:
-        raise ConfigError(f"{out} holds pairs written with other settings or for another corpus ({path}); use "
-                          "the same settings, another --out, or delete it to start over")
+    durable.write_text(path, json.dumps({"source": str(source), "corpus_sha256": digest,
+                                         "settings": asdict(settings)}, indent=2) + "\n")
 
 
 def judge(written: dict[str, dict], answered: dict[str, dict], ranks: dict[str, int | None],
@@ -249,8 +248,7 @@ def judge(written: dict[str, dict], answered: dict[str, dict], ranks: dict[str, 
             counts.answer_not_in_chunk += 1
         elif ranks.get(chunk_id) is None:
             counts.base_rank_beyond_k += 1
-        elif not (contains_answer(chunk.text, [reader_answer])
-                  and agreement(reader_answer, record["answer"]) >= settings.min_agreement):
+        elif not reader_agrees(chunk.text, record["answer"], reader_answer, settings.min_agreement):
             counts.reader_disagrees += 1
         else:
             kept.append({**record, "base_rank": ranks[chunk_id], "reader_answer": reader_answer})
@@ -286,7 +284,7 @@ def synthesize(source: str, out: Path, *, settings: SynthSettings | None = None,
     out.mkdir(parents=True, exist_ok=True)
     chunks = load_chunks(source, out, base_model=settings.base_model, progress=progress)
     digest = corpus_digest(chunks)
-    _check_manifest(out, settings, digest)
+    _claim(out, source, settings, digest)
     by_id = {chunk.id: chunk for chunk in chunks}
     corpus_path = out / "corpus.jsonl"
     write_jsonl(corpus_path, [chunk.record() for chunk in chunks])
