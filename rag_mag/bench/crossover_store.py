@@ -24,7 +24,8 @@ CELL_FORMAT = 1
 # Settings that change how fast a run goes on this machine, not what it learns: not part of a cell's key.
 MACHINE_SETTINGS = ("threads", "device", "log_every")
 # TrainConfig fields each run sets from its spec and files (keyed through them) or that only steer resuming.
-RUN_SETTINGS = ("strategy", "seed", "steps", "train_data", "val_data", "out", "resume", "resume_anyway")
+RUN_SETTINGS = ("strategy", "seed", "steps", "train_data", "val_data", "val_corpus", "out", "resume",
+                "resume_anyway")
 
 
 def recipe_settings(train: dict) -> dict:

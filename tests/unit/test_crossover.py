@@ -510,3 +510,28 @@ def test_an_overtake_says_whether_the_strategy_rose_above_cosines_best_or_cosine
         (found,) = verdicts(cells, ["hotpot_qa"], n_train=3000)
         assert found["overtakes_at"] == 400
         assert says in found["text"]
+
+
+def test_the_committed_study_cells_are_current_under_their_config():
+    """A new TrainConfig field (val_corpus, for adapt) once changed every cell's key, so that `--rebuild` on a
+    fresh clone waited forever for tuning runs it took for unfinished. A field that runs set for themselves
+    belongs in RUN_SETTINGS; one that changes what a run learns makes the cells stale on purpose."""
+    from rag_mag.bench.crossover_config import load_crossover_config
+    from rag_mag.bench.crossover_store import CrossoverStore
+    from rag_mag.bench.crossover_tuning import as_trained
+
+    from rag_mag.models import REPO_ROOT
+
+    config = load_crossover_config(REPO_ROOT / "eval" / "configs" / "crossover.yaml")
+    store = CrossoverStore(config)
+    specs = config.run_specs()
+    checked = 0
+    for spec in specs:
+        cell = store.cell(spec.label)
+        if not cell or spec.sources or spec.fraction < 1:  # those would write their filtered file first
+            continue
+        trained = as_trained(store, spec, specs)
+        assert trained is not None, f"{spec.label}: its tuning cells are stale"
+        assert cell["key"] == store.key(trained, store.train_file(trained)), f"{spec.label}: stale cell key"
+        checked += 1
+    assert checked >= 11  # six tuning runs and five main runs at least
