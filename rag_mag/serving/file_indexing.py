@@ -19,7 +19,9 @@ no text, is listed with its reason and the others go on.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import gc
 import logging
 import os
 import threading
@@ -226,6 +228,20 @@ def _encode_batches(pipeline, writer, target, plan: FilePlan, streams: dict, tod
     return encoded, removed
 
 
+@contextlib.contextmanager
+def _old_objects_frozen() -> Iterator[None]:
+    """Inside the block the garbage collector leaves alone every object that existed before it (modules, the
+    model, a server's state) and scans only the run's own: its full collections, each a walk over the whole heap
+    of torch and Haystack, were 0.15 to 0.3 s of an incremental run of 1 s. They are handed back after, so that
+    a long-lived process (``--watch``, the demo) still frees what a run left behind."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@_old_objects_frozen()
 def index_files(paths: list[str], out: Path, retriever: Path, *, include: list[str] | None = None,
                 exclude: list[str] | None = None, overrides: dict[str, Any] | None = None,
                 max_file_mb: float = DEFAULT_MAX_FILE_MB, dry_run: bool = False, progress: bool = True,
