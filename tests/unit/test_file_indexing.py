@@ -3,6 +3,7 @@ with a tiny random BERT as the retriever (the integration tier asks the real one
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -150,6 +151,23 @@ def test_a_rerun_encodes_only_what_changed_and_drops_what_went(retriever, tmp_pa
     gone = run_index([docs], out, retriever)
     assert gone.plan.removed == ["birds.html"] and gone.chunks_encoded == 0
     assert "birds.html" not in {d.meta["file"] for d in stored(out).values()}
+
+
+def test_a_run_hides_the_old_heap_from_the_collector_and_hands_it_back(retriever, tmp_path, monkeypatch):
+    """A run freezes the objects that existed before it (the collector's full passes over torch's and Haystack's
+    heap were a fifth of an incremental run) and unfreezes them after, also when it fails, so that a long-lived
+    process (--watch, the demo) still frees what runs leave behind."""
+    from rag_mag.serving import file_indexing
+
+    frozen = []
+    real_plan = file_indexing.make_plan
+    monkeypatch.setattr(file_indexing, "make_plan", lambda *a, **k: (frozen.append(gc.get_freeze_count()),
+                                                                     real_plan(*a, **k))[1])
+    run_index([write_folder(tmp_path / "docs")], tmp_path / "index", retriever)
+    assert frozen and frozen[0] > 1000 and gc.get_freeze_count() == 0
+    with pytest.raises(Exception):
+        run_index([tmp_path / "docs"], tmp_path / "index", retriever, max_file_mb=-1)
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_file_given_alone_removes_nothing_else_and_dry_run_writes_nothing(retriever, tmp_path):
