@@ -89,9 +89,9 @@ def _stop_workers(workers: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.bench.crossover import CrossoverRunner
-    from rag_mag.bench.crossover_config import load_crossover_config
-    from rag_mag.bench.crossover_report import write
+    from rag_mag.bench.crossover.config import load_crossover_config
+    from rag_mag.bench.crossover.report import write
+    from rag_mag.bench.crossover.runner import CrossoverRunner
     from rag_mag.errors import ConfigError
 
     if args.time_budget < 0:

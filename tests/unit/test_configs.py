@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from rag_mag.bench.config import BenchConfig, load_bench_config, resolve_path
-from rag_mag.bench.crossover_config import CrossoverConfig, load_crossover_config
+from rag_mag.bench.crossover.config import CrossoverConfig, load_crossover_config
 from rag_mag.bench.dataset_specs import load_registry, parse_dataset_arg
 from rag_mag.bench.datasets import data_root
 from rag_mag.models import REPO_ROOT

@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from rag_mag import precision as precision_module
-from rag_mag.bench import crossover as crossover_module
-from rag_mag.bench import crossover_measure, crossover_store
-from rag_mag.bench.crossover import CrossoverRunner
-from rag_mag.bench.crossover_config import CrossoverConfig, RunSpec
-from rag_mag.bench.crossover_measure import CheckpointMeter
-from rag_mag.bench.crossover_report import write
-from rag_mag.bench.crossover_tuning import with_tuned
+from rag_mag.bench.crossover import measure as crossover_measure
+from rag_mag.bench.crossover import runner as crossover_module
+from rag_mag.bench.crossover import store as crossover_store
+from rag_mag.bench.crossover.config import CrossoverConfig, RunSpec
+from rag_mag.bench.crossover.measure import CheckpointMeter
+from rag_mag.bench.crossover.report import write
+from rag_mag.bench.crossover.runner import CrossoverRunner
+from rag_mag.bench.crossover.tuning import with_tuned
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import Context, EvalRecord, Passage, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError
@@ -449,7 +450,7 @@ def test_run_labels_name_what_varies():
 
 
 def test_the_shipped_config_loads():
-    from rag_mag.bench.crossover_config import load_crossover_config
+    from rag_mag.bench.crossover.config import load_crossover_config
     from rag_mag.models import REPO_ROOT
 
     config = load_crossover_config(REPO_ROOT / "eval" / "configs" / "crossover.yaml")
@@ -473,7 +474,7 @@ def test_the_verdict_adjusts_for_asking_at_every_checkpoint(better, elsewhere):
     """One strategy beats cosine at one of three checkpoints: by 115 of 200 questions (raw p about 0.03,
     which three looks make about 0.1) the verdict is no, also where it is far behind at the other two
     (a loss is no evidence of a gain); by 150 of 200 it is yes, at that step."""
-    from rag_mag.bench.crossover_report import verdicts
+    from rag_mag.bench.crossover.report import verdicts
     from rag_mag.bench.stats import paired_permutation_test
 
     cosine = [0.5] * 200
@@ -498,7 +499,7 @@ def test_the_verdict_adjusts_for_asking_at_every_checkpoint(better, elsewhere):
 def test_an_overtake_says_whether_the_strategy_rose_above_cosines_best_or_cosine_fell():
     """Ahead at 400 steps either way; the sentence tells a strategy that climbs past cosine's best from one
     that only holds up better while cosine overfits."""
-    from rag_mag.bench.crossover_report import verdicts
+    from rag_mag.bench.crossover.report import verdicts
 
     def seq(value):
         return [value] * 150 + [value - 0.2] * 50
@@ -516,10 +517,9 @@ def test_the_committed_study_cells_are_current_under_their_config():
     """A new TrainConfig field (val_corpus, for adapt) once changed every cell's key, so that `--rebuild` on a
     fresh clone waited forever for tuning runs it took for unfinished. A field that runs set for themselves
     belongs in RUN_SETTINGS; one that changes what a run learns makes the cells stale on purpose."""
-    from rag_mag.bench.crossover_config import load_crossover_config
-    from rag_mag.bench.crossover_store import CrossoverStore
-    from rag_mag.bench.crossover_tuning import as_trained
-
+    from rag_mag.bench.crossover.config import load_crossover_config
+    from rag_mag.bench.crossover.store import CrossoverStore
+    from rag_mag.bench.crossover.tuning import as_trained
     from rag_mag.models import REPO_ROOT
 
     config = load_crossover_config(REPO_ROOT / "eval" / "configs" / "crossover.yaml")

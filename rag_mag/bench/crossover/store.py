@@ -13,7 +13,7 @@ import numpy as np
 
 from rag_mag import durable
 from rag_mag.bench.config import fingerprint
-from rag_mag.bench.crossover_config import CrossoverConfig, RunSpec
+from rag_mag.bench.crossover.config import CrossoverConfig, RunSpec
 from rag_mag.data import iter_jsonl, write_jsonl
 from rag_mag.errors import ConfigError
 from rag_mag.models import artifacts_dir

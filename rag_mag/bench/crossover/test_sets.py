@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rag_mag.bench.crossover_config import CrossoverConfig
+from rag_mag.bench.crossover.config import CrossoverConfig
 from rag_mag.bench.dataset_specs import load_registry
 from rag_mag.bench.datasets import EvalDataset, data_root
 from rag_mag.data import read_corpus, read_eval

@@ -14,11 +14,10 @@ machine ``--rebuild`` trains it again to the selected step and checks it against
 needs torch and transformers at training time (no Haystack, FAISS or vLLM), so it also runs on a GPU
 machine (``device: auto``).
 
-This module runs the study (``CrossoverRunner``); its parts live beside it: the config and run labels in
-``crossover_config``, cells, keys and run folders in ``crossover_store``, the test sets in
-``crossover_test_sets``, the measurement of checkpoints in ``crossover_measure``, the tuned values in
-``crossover_tuning``, the published ``best/`` (link, off-curve measurement, rebuild) in ``crossover_published``,
-and the report in ``crossover_report``.
+This module runs the study (``CrossoverRunner``); its parts live beside it in ``rag_mag/bench/crossover/``: the
+config and run labels in ``config``, cells, keys and run folders in ``store``, the test sets in ``test_sets``, the
+measurement of checkpoints in ``measure``, the tuned values in ``tuning``, the published ``best/`` (link,
+off-curve measurement, rebuild) in ``published``, and the report in ``report``.
 """
 
 from __future__ import annotations
@@ -29,23 +28,23 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from rag_mag.bench.crossover_config import CrossoverConfig, RunSpec
-from rag_mag.bench.crossover_measure import CheckpointMeter, RunClock, curve_points
-from rag_mag.bench.crossover_published import (
+from rag_mag.bench.crossover.config import CrossoverConfig, RunSpec
+from rag_mag.bench.crossover.measure import CheckpointMeter, RunClock, curve_points
+from rag_mag.bench.crossover.published import (
     lacks_best,
     lacks_published_point,
     measure_published,
     publish,
     rebuild_checkpoint,
 )
-from rag_mag.bench.crossover_store import CrossoverStore, record_cpu_kind
-from rag_mag.bench.crossover_test_sets import load_test_sets
-from rag_mag.bench.crossover_tuning import as_trained
+from rag_mag.bench.crossover.store import CrossoverStore, record_cpu_kind
+from rag_mag.bench.crossover.test_sets import load_test_sets
+from rag_mag.bench.crossover.tuning import as_trained
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import iter_jsonl, read_triples
 from rag_mag.errors import ConfigError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("rag_mag.bench.crossover")  # the runner's log lines keep their name
 
 
 class CrossoverRunner:
@@ -63,7 +62,7 @@ class CrossoverRunner:
         ``rebuild``: a finished main run whose ``best/`` this machine lacks (a fresh clone holds the cells,
         not the checkpoints) is trained again up to the step its cell selected, and published only if its
         validation nDCG@10 there is within ``rebuild_tolerance`` points of the cell's (see
-        ``crossover_published.rebuild_checkpoint``).
+        ``published.rebuild_checkpoint``).
 
         Several processes may run the same config at once (``rag-mag crossover --workers N``): each claims a
         run with a lock before training it, and runs that wait for the tuning runs or for another worker are

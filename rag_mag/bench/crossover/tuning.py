@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from rag_mag.bench.crossover_config import RunSpec
-from rag_mag.bench.crossover_store import CrossoverStore
+from rag_mag.bench.crossover.config import RunSpec
+from rag_mag.bench.crossover.store import CrossoverStore
 from rag_mag.errors import ConfigError
 
 

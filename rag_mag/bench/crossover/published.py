@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from rag_mag import durable
-from rag_mag.bench.crossover_config import RunSpec
-from rag_mag.bench.crossover_report import selected_point
-from rag_mag.bench.crossover_store import CrossoverStore
-from rag_mag.bench.crossover_test_sets import test_ndcg
+from rag_mag.bench.crossover.config import RunSpec
+from rag_mag.bench.crossover.report import selected_point
+from rag_mag.bench.crossover.store import CrossoverStore
+from rag_mag.bench.crossover.test_sets import test_ndcg
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.errors import CheckpointError
 from rag_mag.precision import cpu_kind
