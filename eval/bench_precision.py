@@ -246,7 +246,7 @@ def main() -> None:
                   f"{v['bf16']['generated_tokens_per_s']:.1f} | {row['auto_picks']} | "
                   f"{'yes' if row['vllm_auto_is_faster'] else 'NO'} |")
     from rag_mag import durable
-    from rag_mag.bench.report_environment import collect_environment
+    from rag_mag.bench.report.environment import collect_environment
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

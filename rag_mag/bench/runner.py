@@ -225,7 +225,7 @@ class BenchRunner:
         return [self.reader_identity()] + ([self.reader_identity(True)] if self.config.base_reader else [])
 
     def environment(self) -> dict[str, Any]:
-        from rag_mag.bench.report_environment import collect_environment
+        from rag_mag.bench.report.environment import collect_environment
 
         return collect_environment(self.command, extra={
             "config_file": self.config_path,

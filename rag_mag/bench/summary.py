@@ -1,4 +1,4 @@
-"""Turn finished cells into result rows and hand them to the report writer (rag_mag/bench/report.py)."""
+"""Turn finished cells into result rows and hand them to the report writer (rag_mag/bench/report/write.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_mag.bench.report import write_report
-from rag_mag.bench.report_aggregate import seed_averaged
-from rag_mag.bench.report_compare import ALPHA
+from rag_mag.bench.report.aggregate import seed_averaged
+from rag_mag.bench.report.compare import ALPHA
+from rag_mag.bench.report.write import write_report
 from rag_mag.bench.stats import bootstrap_ci, compare_paired
 
 

@@ -16,9 +16,9 @@ from rag_mag.bench.cells import budget_recall, gold_documents
 from rag_mag.bench.config import BenchConfig, PipelineEntry, split_system, system_name
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.bench.generation import BenchPipeline, CellFailed, GenerationCache, generator_overrides
-from rag_mag.bench.report_aggregate import aggregate
-from rag_mag.bench.report_compare import compare_to_baseline
-from rag_mag.bench.report_findings import of_pipeline
+from rag_mag.bench.report.aggregate import aggregate
+from rag_mag.bench.report.compare import compare_to_baseline
+from rag_mag.bench.report.findings import of_pipeline
 from rag_mag.bench.scoring import CellScorer
 from rag_mag.bench.systems import Row, System
 from rag_mag.data import Context, EvalRecord, Passage
@@ -380,7 +380,7 @@ def test_shipped_configs_load_and_score_both_pipelines():
 
 
 def test_report_of_pipeline_rows_has_a_rounds_section_and_plots_recall_without_a_fixed_k(tmp_path):
-    from rag_mag.bench.report import write_report
+    from rag_mag.bench.report.write import write_report
     from rag_mag.bench.summary import rounds_section
 
     rng = np.random.default_rng(1)

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from rag_mag.bench.report import write_report
-from rag_mag.bench.report_aggregate import aggregate
-from rag_mag.bench.report_compare import compare_to_baseline
-from rag_mag.bench.report_environment import collect_environment
+from rag_mag.bench.report.aggregate import aggregate
+from rag_mag.bench.report.compare import compare_to_baseline
+from rag_mag.bench.report.environment import collect_environment
+from rag_mag.bench.report.write import write_report
 
 ENVIRONMENT = {"command": "rag-mag bench eval/configs/test.yaml", "git_commit": "abc1234", "git_dirty": False,
                "timestamp": "2026-01-01T00:00:00+00:00", "python": "3.11",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from rag_mag import durable
-from rag_mag.bench.report_environment import collect_environment
+from rag_mag.bench.report.environment import collect_environment
 from rag_mag.bench.stats import compare_paired, holm_adjust
 
 ONE_SIDED = ("qnorm", "dnorm")

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rag_mag.bench.config import BASELINES, split_system, system_name
-from rag_mag.bench.report_aggregate import Cell, seed_averaged
+from rag_mag.bench.report.aggregate import Cell, seed_averaged
 from rag_mag.bench.stats import compare_paired, holm_adjust
 
 logger = logging.getLogger("rag_mag.bench.report")  # the report's log lines keep their name

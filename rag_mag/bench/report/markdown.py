@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag_mag.bench.report_aggregate import Cell, finite, ordered_systems
-from rag_mag.bench.report_compare import ALPHA, COMPARED, UNTRAINED, find_comparison
-from rag_mag.bench.report_findings import of_pipeline, winner
-from rag_mag.bench.report_format import (
+from rag_mag.bench.report.aggregate import Cell, finite, ordered_systems
+from rag_mag.bench.report.compare import ALPHA, COMPARED, UNTRAINED, find_comparison
+from rag_mag.bench.report.findings import of_pipeline, winner
+from rag_mag.bench.report.format import (
     LABELS,
     delta_text,
     format_number,

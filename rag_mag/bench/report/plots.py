@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_mag import durable
-from rag_mag.bench.report_aggregate import Cell, finite, ordered_systems, system_rank
+from rag_mag.bench.report.aggregate import Cell, finite, ordered_systems, system_rank
 
 
 def plot_answers(cells: Sequence[Cell], path: Path) -> Path | None:

@@ -26,11 +26,11 @@ Several seeds of one system are averaged per question before the bootstrap, so a
 sampling of the seed-averaged system; the spread over seeds is shown in its own table. Every file is
 written atomically and durably (rag_mag.durable: temporary file, fsync, rename).
 
-This module writes the files; the parts are in the ``report_*`` modules beside it: ``report_aggregate``
-(rows into cells), ``report_compare`` (paired tests against the baseline, and ``against_untrained``: did
-training help each strategy over ``base_cosine``), ``report_findings`` (``paper_findings``: the section
-"Paper findings: held or not", computed from the numbers), ``report_markdown`` (report.md),
-``report_format`` (how figures are written), ``report_plots`` and ``report_environment``.
+This module writes the files; the parts are beside it in ``rag_mag/bench/report/``: ``aggregate``
+(rows into cells), ``compare`` (paired tests against the baseline, and ``against_untrained``: did
+training help each strategy over ``base_cosine``), ``findings`` (``paper_findings``: the section
+"Paper findings: held or not", computed from the numbers), ``markdown`` (report.md),
+``format`` (how figures are written), ``plots`` and ``environment``.
 """
 
 from __future__ import annotations
@@ -43,15 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag_mag import durable
-from rag_mag.bench.report_aggregate import aggregate
-from rag_mag.bench.report_compare import against_untrained, compare_to_baseline
-from rag_mag.bench.report_environment import collect_environment
-from rag_mag.bench.report_findings import of_pipeline, paper_findings
-from rag_mag.bench.report_format import json_safe
-from rag_mag.bench.report_markdown import render_markdown
-from rag_mag.bench.report_plots import plot_answers, plot_norms, plot_recall
+from rag_mag.bench.report.aggregate import aggregate
+from rag_mag.bench.report.compare import against_untrained, compare_to_baseline
+from rag_mag.bench.report.environment import collect_environment
+from rag_mag.bench.report.findings import of_pipeline, paper_findings
+from rag_mag.bench.report.format import json_safe
+from rag_mag.bench.report.markdown import render_markdown
+from rag_mag.bench.report.plots import plot_answers, plot_norms, plot_recall
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("rag_mag.bench.report")  # the report's log lines keep their name
 
 
 @dataclass(frozen=True)

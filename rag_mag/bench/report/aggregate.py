@@ -90,8 +90,8 @@ class Cell:
 
 def aggregate(rows: Sequence[Mapping], per_example: Mapping | None = None, n_resamples: int = 2000,
               seed: int = 0) -> list[Cell]:
-    """Group rows by (dataset, system) and average over seeds (see the module docstring, and rag_mag/bench/report.py
-    for the shape of rows and ``per_example``)."""
+    """Group rows by (dataset, system) and average over seeds (see the module docstring, and
+    rag_mag/bench/report/write.py for the shape of rows and ``per_example``)."""
     per_example = per_example or {}
     groups: dict[tuple[str, str], list[Mapping]] = {}
     for row in rows:
