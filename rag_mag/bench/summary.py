@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_mag.bench.report.aggregate import seed_averaged
-from rag_mag.bench.report.compare import ALPHA
+from rag_mag.bench.report.model import ALPHA
 from rag_mag.bench.report.write import write_report
 from rag_mag.bench.stats import bootstrap_ci, compare_paired
 

@@ -1,48 +1,20 @@
 """Result rows into report cells: one ``Cell`` per (dataset, system), averaged over seeds, with confidence intervals.
 
 Several seeds of one system are averaged per question before the bootstrap (``seed_averaged``), so a CI
-covers question sampling of the seed-averaged system; the spread over seeds is kept as ``seed_sd``. Also the
-order the report lists systems in (``ordered_systems``).
+covers question sampling of the seed-averaged system; the spread over seeds is kept as ``seed_sd``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from rag_mag.bench.config import split_system
+from rag_mag.bench.report.model import Cell, finite
 from rag_mag.bench.stats import bootstrap_ci
 
 logger = logging.getLogger("rag_mag.bench.report")  # the report's log lines keep their name
-
-STRATEGY_ORDER = ("cosine", "dot", "qnorm", "dnorm", "learnable", "base_cosine", "bm25", "closed_book", "oracle")
-
-
-def system_rank(name: str) -> tuple[int, str, int, str]:
-    """Rows of pipelines first (``rag:...``, by pipeline name), then the reader baselines; within each, the
-    strategies in the paper's order, then the baselines, then anything else by name."""
-    pipeline, system = split_system(name)
-    return (0 if pipeline else 1, pipeline or "",
-            STRATEGY_ORDER.index(system) if system in STRATEGY_ORDER else len(STRATEGY_ORDER), system)
-
-
-def ordered_systems(names: Sequence[str]) -> list[str]:
-    """The distinct ``names`` in report order (``system_rank``)."""
-    return sorted(dict.fromkeys(names), key=system_rank)
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a float, or None when it is missing, not a number, or not finite."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def seed_averaged(per_example: Mapping, dataset: str, system: str, seeds: Sequence[int], metric: str):
@@ -60,32 +32,6 @@ def seed_averaged(per_example: Mapping, dataset: str, system: str, seeds: Sequen
         arrays.append(values)
         ids = ids if ids is not None else entry_ids
     return ids, np.mean(arrays, axis=0)
-
-
-@dataclass
-class Cell:
-    """One (dataset, system): metric means over seeds, CIs where known."""
-
-    dataset: str
-    system: str
-    seeds: list[int]
-    n_questions: int
-    means: dict[str, float]
-    cis: dict[str, tuple[float, float]]
-    seed_sd: dict[str, float]
-    diagnostics: dict
-    curve: list[float] | None
-    mode: str | None
-    n_ranked: int | None = None  # questions the ranking metrics cover (None: the n_questions answered)
-
-    @property
-    def ranked(self) -> int:
-        return self.n_ranked or self.n_questions
-
-    def to_dict(self) -> dict:
-        return {"dataset": self.dataset, "system": self.system, "seeds": self.seeds, "n_questions": self.n_questions,
-                "n_ranked": self.ranked, "means": self.means,
-                "ci": {key: list(value) for key, value in self.cis.items()}, "seed_sd": self.seed_sd}
 
 
 def aggregate(rows: Sequence[Mapping], per_example: Mapping | None = None, n_resamples: int = 2000,

@@ -10,14 +10,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rag_mag.bench.config import BASELINES, split_system, system_name
-from rag_mag.bench.report.aggregate import Cell, seed_averaged
+from rag_mag.bench.report.aggregate import seed_averaged
+from rag_mag.bench.report.model import ALPHA, COMPARED, UNTRAINED, Cell
 from rag_mag.bench.stats import compare_paired, holm_adjust
 
 logger = logging.getLogger("rag_mag.bench.report")  # the report's log lines keep their name
-
-COMPARED = ("em", "f1", "accuracy", "ndcg@10", "recall@5", "recall@budget")
-ALPHA = 0.05
-UNTRAINED = "base_cosine"  # the encoder every strategy's training starts from
 
 
 def reference_system(system: str, baseline: str = "cosine", primary_pipeline: str | None = None) -> str:
@@ -110,11 +107,3 @@ def align(ours, theirs, what: str) -> tuple[np.ndarray, np.ndarray]:
 def significant_gain(entry: Mapping | None) -> bool:
     """Whether a comparison shows the system above its reference with p < ``ALPHA``."""
     return bool(entry and entry["delta"] > 0 and entry["p_value"] is not None and entry["p_value"] < ALPHA)
-
-
-def find_comparison(comparisons: Sequence[Mapping], dataset: str, system: str, metric: str) -> Mapping | None:
-    """The comparison of ``system`` on ``dataset`` for ``metric``, or None."""
-    for entry in comparisons:
-        if (entry["dataset"], entry["system"], entry["metric"]) == (dataset, system, metric):
-            return entry
-    return None

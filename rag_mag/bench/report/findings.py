@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 
 from rag_mag.bench.config import split_system
-from rag_mag.bench.report.aggregate import Cell, finite
-from rag_mag.bench.report.compare import ALPHA, find_comparison, significant_gain
+from rag_mag.bench.report.compare import significant_gain
 from rag_mag.bench.report.format import LABELS, format_p, format_signed
+from rag_mag.bench.report.model import ALPHA, Cell, find_comparison, finite
 
 ONE_SIDED = ("qnorm", "dnorm")
 DOCUMENT_MAGNITUDE = ("dot", "qnorm", "learnable")  # systems whose scores use the document norm

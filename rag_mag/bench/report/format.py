@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_mag.bench.report.aggregate import Cell
+from rag_mag.bench.report.model import Cell
 
 LABELS = {"em": "EM", "f1": "F1", "accuracy": "accuracy", "ndcg@10": "nDCG@10", "mrr@10": "MRR@10",
           "recall@budget": "recall@budget"}

@@ -1,15 +1,11 @@
-"""``report.md``: the report's cells, comparisons and findings as markdown, one function per section."""
+"""``report.md``: the report model as markdown, one function per section; it reads the model and computes nothing."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from rag_mag.bench.report.aggregate import Cell, finite, ordered_systems
-from rag_mag.bench.report.compare import ALPHA, COMPARED, UNTRAINED, find_comparison
-from rag_mag.bench.report.findings import of_pipeline, winner
 from rag_mag.bench.report.format import (
     LABELS,
     delta_text,
@@ -19,6 +15,7 @@ from rag_mag.bench.report.format import (
     markdown_table,
     with_ci,
 )
+from rag_mag.bench.report.model import ALPHA, COMPARED, UNTRAINED, Cell, ReportModel, finite
 
 RETRIEVAL_COLUMNS = ("recall@1", "recall@5", "recall@20", "ndcg@10", "mrr@10", "recall@budget")
 ANSWER_METRICS = (("em", "Exact Match"), ("f1", "F1"), ("accuracy", "accuracy (a gold alias occurs in the answer; "
@@ -26,50 +23,19 @@ ANSWER_METRICS = (("em", "Exact Match"), ("f1", "F1"), ("accuracy", "accuracy (a
 CAPTIONS = {"em_f1": "EM and F1 per strategy and dataset, 95% CI bars",
             "document_norms": "raw document norms, relevant against irrelevant passages",
             "recall_at_k": "recall@k curves"}
-_EMPTY = Cell("", "", [], 0, {}, {}, {}, {}, None, None)
 
 
-@dataclass(frozen=True)
-class Grid:
-    """The report's tables: datasets in order of appearance, systems in report order, and each dataset's
-    number of answered and of ranked questions (the largest of its cells)."""
-
-    cells: Sequence[Cell]
-    datasets: list[str]
-    systems: list[str]
-    by_key: dict[tuple[str, str], Cell]
-    n_questions: dict[str, int]
-    n_ranked: dict[str, int]
-
-    @classmethod
-    def of(cls, cells: Sequence[Cell]) -> Grid:
-        datasets = list(dict.fromkeys(cell.dataset for cell in cells))
-        return cls(cells=cells, datasets=datasets, systems=ordered_systems([cell.system for cell in cells]),
-                   by_key={(cell.dataset, cell.system): cell for cell in cells},
-                   n_questions={dataset: max(cell.n_questions for cell in cells if cell.dataset == dataset)
-                                for dataset in datasets},
-                   n_ranked={dataset: max(cell.ranked for cell in cells if cell.dataset == dataset)
-                             for dataset in datasets})
-
-    def has(self, dataset: str, system: str, metrics: Sequence[str]) -> bool:
-        """Whether the (dataset, system) cell holds any of ``metrics``."""
-        return any(metric in self.by_key.get((dataset, system), _EMPTY).means for metric in metrics)
-
-
-def render_markdown(title: str, cells: Sequence[Cell], comparisons: Sequence[Mapping], findings: Sequence[Mapping],
-                    config: Mapping, environment: Mapping, plots: Sequence[Path], baseline: str = "cosine",
-                    notes: Sequence[str] = (), sections: Sequence[str] = (),
-                    primary_pipeline: str | None = None, untrained: Sequence[Mapping] = ()) -> str:
+def render_markdown(model: ReportModel, *, title: str, config: Mapping, environment: Mapping, plots: Sequence[Path],
+                    notes: Sequence[str] = (), sections: Sequence[str] = ()) -> str:
     """The whole report; ``sections`` (markdown) go in before the plots."""
-    grid = Grid.of(cells)
-    lines = _introduction(title, environment, baseline, notes, primary_pipeline)
-    lines += _findings_section(findings, primary_pipeline)
-    lines += _answers_sections(grid)
-    lines += _retrieval_section(grid)
-    lines += _baseline_section(grid, comparisons, baseline, primary_pipeline)
-    lines += untrained_section(untrained, grid.datasets, grid.systems)
-    lines += _seeds_section(cells)
-    lines += _diagnostics_section(grid, primary_pipeline)
+    lines = _introduction(title, environment, model.baseline, notes, model.primary_pipeline)
+    lines += _findings_section(model.findings, model.primary_pipeline)
+    lines += _answers_sections(model)
+    lines += _retrieval_section(model)
+    lines += _baseline_section(model)
+    lines += untrained_section(model)
+    lines += _seeds_section(model.cells)
+    lines += _diagnostics_section(model)
     lines += [section.rstrip() + "\n" for section in sections]
     lines += _plots_section(plots)
     lines += _setup_section(config, environment)
@@ -112,46 +78,46 @@ def _findings_section(findings: Sequence[Mapping], primary_pipeline: str | None)
     return lines
 
 
-def _answers_sections(grid: Grid) -> list[str]:
+def _answers_sections(model: ReportModel) -> list[str]:
     """One table per answer metric: systems by datasets."""
     lines = []
-    header = ["system"] + [f"{dataset} (n={grid.n_questions[dataset]})" for dataset in grid.datasets]
+    header = ["system"] + [f"{dataset} (n={model.n_questions[dataset]})" for dataset in model.datasets]
     for metric, label in ANSWER_METRICS:
-        rows = [[system] + [with_ci(grid.by_key.get((dataset, system)), metric)
-                            + _subset(grid.by_key.get((dataset, system)), grid.n_questions[dataset])
-                            for dataset in grid.datasets]
-                for system in grid.systems if any(grid.has(dataset, system, [metric]) for dataset in grid.datasets)]
+        rows = [[system] + [with_ci(model.cell(dataset, system), metric)
+                            + _subset(model.cell(dataset, system), model.n_questions[dataset])
+                            for dataset in model.datasets]
+                for system in model.systems if any(model.has(dataset, system, [metric]) for dataset in model.datasets)]
         lines += [f"## Answers: {label}", ""] + markdown_table(header, rows)
     return lines
 
 
-def _retrieval_section(grid: Grid) -> list[str]:
+def _retrieval_section(model: ReportModel) -> list[str]:
     """One table per dataset: systems by ranking metrics."""
     lines = ["## Retrieval", ""]
-    for dataset in grid.datasets:
-        modes = {cell.mode for cell in grid.cells if cell.dataset == dataset and cell.mode}
+    for dataset in model.datasets:
+        modes = {cell.mode for cell in model.cells_of(dataset) if cell.mode}
         mode = f" (recall: {', '.join(sorted(modes))})" if modes else ""
-        if grid.n_ranked[dataset] != grid.n_questions[dataset]:
-            mode += (f": ranking metrics on {grid.n_ranked[dataset]} questions, recall@budget on the "
-                     f"{grid.n_questions[dataset]} answered")
-        rows = [[system + _subset(grid.by_key.get((dataset, system)), grid.n_ranked[dataset], ranked=True)]
-                + [with_ci(grid.by_key.get((dataset, system)), metric) for metric in RETRIEVAL_COLUMNS]
-                for system in grid.systems if grid.has(dataset, system, RETRIEVAL_COLUMNS)]
+        if model.n_ranked[dataset] != model.n_questions[dataset]:
+            mode += (f": ranking metrics on {model.n_ranked[dataset]} questions, recall@budget on the "
+                     f"{model.n_questions[dataset]} answered")
+        rows = [[system + _subset(model.cell(dataset, system), model.n_ranked[dataset], ranked=True)]
+                + [with_ci(model.cell(dataset, system), metric) for metric in RETRIEVAL_COLUMNS]
+                for system in model.systems if model.has(dataset, system, RETRIEVAL_COLUMNS)]
         if rows:
             header = ["system", *(LABELS.get(metric, metric) for metric in RETRIEVAL_COLUMNS)]
             lines += [f"### {dataset}{mode}", ""] + markdown_table(header, rows)
     return lines
 
 
-def _baseline_section(grid: Grid, comparisons: Sequence[Mapping], baseline: str,
-                      primary_pipeline: str | None) -> list[str]:
-    """One table per dataset: each system's change against ``baseline``, per compared metric."""
-    lines = [f"## Against {baseline}" + (" (of the same pipeline)" if primary_pipeline else ""), ""]
+def _baseline_section(model: ReportModel) -> list[str]:
+    """One table per dataset: each system's change against the baseline, per compared metric."""
+    baseline, comparisons = model.baseline, model.comparisons
+    lines = [f"## Against {baseline}" + (" (of the same pipeline)" if model.primary_pipeline else ""), ""]
     compared_metrics = [metric for metric in COMPARED if any(entry["metric"] == metric for entry in comparisons)]
-    for dataset in grid.datasets:
+    for dataset in model.datasets:
         rows = []
-        for system in grid.systems:
-            entries = [find_comparison(comparisons, dataset, system, metric) for metric in compared_metrics]
+        for system in model.systems:
+            entries = [model.comparison(dataset, system, metric) for metric in compared_metrics]
             if any(entries):
                 rows.append([system] + [delta_text(entry) for entry in entries])
         if rows:
@@ -162,8 +128,9 @@ def _baseline_section(grid: Grid, comparisons: Sequence[Mapping], baseline: str,
     return lines
 
 
-def untrained_section(entries: Sequence[Mapping], datasets: Sequence[str], systems: Sequence[str]) -> list[str]:
+def untrained_section(model: ReportModel) -> list[str]:
     """The section "Against the untrained encoder": the verdicts of ``against_untrained`` (none: no section)."""
+    entries = model.untrained
     if not entries:
         return []
     metric = LABELS.get(entries[0]["metric"], entries[0]["metric"])
@@ -187,7 +154,7 @@ def untrained_section(entries: Sequence[Mapping], datasets: Sequence[str], syste
     by_key = {(entry["dataset"], entry["system"]): entry for entry in entries}
     rows = [[dataset, system, delta_text(entry), format_number(entry["half_width"]),
              format_p(entry["p_holm"]) if "p_holm" in entry else "in domain", entry["verdict"]]
-            for dataset in datasets for system in systems if (entry := by_key.get((dataset, system)))]
+            for dataset in model.datasets for system in model.systems if (entry := by_key.get((dataset, system)))]
     return lines + markdown_table(["dataset", "system", f"Δ {metric} against {UNTRAINED}",
                                    "half-width of its 95% CI", "p, Holm-adjusted out of domain", "verdict"], rows)
 
@@ -207,7 +174,7 @@ def _seeds_section(cells: Sequence[Cell]) -> list[str]:
          for cell in multi_seed])
 
 
-def _diagnostics_section(grid: Grid, primary_pipeline: str | None) -> list[str]:
+def _diagnostics_section(model: ReportModel) -> list[str]:
     """The norm diagnostics of every cell that has them, then the side predictors against the observed winners."""
     lines = ["## Diagnostics", "",
              "Cohen's d compares the raw document norms of relevant and irrelevant corpus passages (positive: "
@@ -218,36 +185,28 @@ def _diagnostics_section(grid: Grid, primary_pipeline: str | None) -> list[str]:
     diag_rows = [[cell.dataset, cell.system, format_number(finite(cell.diagnostics.get("document_norm_cohens_d")), 2),
                   format_number(finite(cell.diagnostics.get("query_norm_cv")), 3),
                   format_number(finite(cell.diagnostics.get("document_norm_cv")), 3)]
-                 for dataset in grid.datasets for system in grid.systems
-                 if (cell := grid.by_key.get((dataset, system))) is not None and cell.diagnostics]
+                 for dataset in model.datasets for system in model.systems
+                 if (cell := model.cell(dataset, system)) is not None and cell.diagnostics]
     if diag_rows:
         lines += markdown_table(["dataset", "system", "Cohen's d (doc norms, relevant - irrelevant)",
                                  "CV query norms", "CV document norms"], diag_rows)
-    predictor_rows = _predictor_rows(grid, primary_pipeline)
+    predictor_rows = _predictor_rows(model)
     if predictor_rows:
         lines += markdown_table(["dataset", "delta-CV selector", "Fisher predictor", "winner nDCG@10", "winner EM"],
                                 predictor_rows)
     return lines
 
 
-def _predictor_rows(grid: Grid, primary_pipeline: str | None) -> list[list[str]]:
+def _predictor_rows(model: ReportModel) -> list[list[str]]:
     """Per dataset: what the delta-CV selector and the Fisher predictor chose, and which of qnorm and dnorm won
     (on the primary pipeline's rows)."""
-    rows = []
-    plain_by_key = {(cell.dataset, cell.system): cell for cell in of_pipeline(grid.cells, [], primary_pipeline)[0]}
-    for dataset in grid.datasets:
-        selector = next((c.diagnostics["side_selector"] for c in grid.cells if c.dataset == dataset
-                         and isinstance(c.diagnostics.get("side_selector"), Mapping)), None)
-        fisher = next((c.diagnostics["fisher_predictor"] for c in grid.cells if c.dataset == dataset
-                       and isinstance(c.diagnostics.get("fisher_predictor"), Mapping)), None)
-        if selector or fisher:
-            rows.append([
-                dataset,
-                f"{selector['prediction']} (ΔCV {format_number(finite(selector.get('delta_cv')), 3)})"
-                if selector else "–",
-                f"{fisher['prediction']} ({_kappa(fisher, 'qnorm')}; {_kappa(fisher, 'dnorm')})" if fisher else "–",
-                winner(plain_by_key, dataset, "ndcg@10") or "–", winner(plain_by_key, dataset, "em") or "–"])
-    return rows
+    return [[side.dataset,
+             f"{side.selector['prediction']} (ΔCV {format_number(finite(side.selector.get('delta_cv')), 3)})"
+             if side.selector else "–",
+             f"{side.fisher['prediction']} ({_kappa(side.fisher, 'qnorm')}; {_kappa(side.fisher, 'dnorm')})"
+             if side.fisher else "–",
+             side.winner_ndcg or "–", side.winner_em or "–"]
+            for side in model.sides]
 
 
 def _plots_section(plots: Sequence[Path]) -> list[str]:

@@ -1,25 +1,30 @@
-"""The report's PNG plots: EM and F1 bars, document-norm histograms and recall@k curves (matplotlib Agg, no pyplot)."""
+"""The report's PNG plots, drawn from the report model: EM and F1 bars, document-norm histograms and recall@k curves
+(matplotlib Agg, no pyplot)."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from rag_mag import durable
-from rag_mag.bench.report.aggregate import Cell, finite, ordered_systems, system_rank
+from rag_mag.bench.report.model import ReportModel, finite, ordered_systems
 
 
-def plot_answers(cells: Sequence[Cell], path: Path) -> Path | None:
+def render_plots(model: ReportModel, out_dir: Path) -> list[Path]:
+    """Every plot the model has data for, written into ``out_dir``; their paths."""
+    plots = (plot_answers(model, out_dir / "em_f1.png"), plot_norms(model, out_dir / "document_norms.png"),
+             plot_recall(model, out_dir / "recall_at_k.png"))
+    return [plot for plot in plots if plot is not None]
+
+
+def plot_answers(model: ReportModel, path: Path) -> Path | None:
     """EM and F1 per system and dataset with 95% CI bars (None: no system has answers)."""
-    datasets = list(dict.fromkeys(cell.dataset for cell in cells))
-    systems = [system for system in ordered_systems([cell.system for cell in cells])
-               if any(cell.system == system and "em" in cell.means for cell in cells)]
+    datasets = model.datasets
+    systems = [system for system in model.systems if any(model.has(dataset, system, ["em"]) for dataset in datasets)]
     if not systems:
         return None
-    by_key = {(cell.dataset, cell.system): cell for cell in cells}
     figure = _figure(max(7.0, 0.45 * len(systems) * len(datasets) * 2 + 2), 4.2)
     width = 0.8 / len(systems)
     for position, metric in enumerate(("em", "f1")):
@@ -27,7 +32,7 @@ def plot_answers(cells: Sequence[Cell], path: Path) -> Path | None:
         for index, system in enumerate(systems):
             means, errors = [], [[], []]
             for dataset in datasets:
-                cell = by_key.get((dataset, system))
+                cell = model.cell(dataset, system)
                 mean = cell.means.get(metric, np.nan) if cell else np.nan
                 low, high = cell.cis.get(metric, (mean, mean)) if cell else (np.nan, np.nan)
                 means.append(mean)
@@ -44,14 +49,14 @@ def plot_answers(cells: Sequence[Cell], path: Path) -> Path | None:
     return _save(figure, path)
 
 
-def plot_norms(norms: Mapping, cells: Sequence[Cell], path: Path) -> Path | None:
+def plot_norms(model: ReportModel, path: Path) -> Path | None:
     """Histograms of the raw document norms of relevant and irrelevant passages per (dataset, system)."""
+    norms = model.norms
     keys = [key for key in norms if len(norms[key].get("relevant", [])) and len(norms[key].get("irrelevant", []))]
     if not keys:
         return None
     datasets = list(dict.fromkeys(dataset for dataset, _ in keys))
     systems = ordered_systems([system for _, system in keys])
-    by_key = {(cell.dataset, cell.system): cell for cell in cells}
     figure = _figure(3.0 * len(systems), 2.4 * len(datasets))
     for row, dataset in enumerate(datasets):
         for column, system in enumerate(systems):
@@ -63,7 +68,7 @@ def plot_norms(norms: Mapping, cells: Sequence[Cell], path: Path) -> Path | None
             bins = np.linspace(min(relevant.min(), irrelevant.min()), max(relevant.max(), irrelevant.max()), 40)
             axes.hist(irrelevant, bins=bins, density=True, alpha=0.5, label="irrelevant")
             axes.hist(relevant, bins=bins, density=True, alpha=0.5, label="relevant")
-            cell = by_key.get((dataset, system))
+            cell = model.cell(dataset, system)
             d = finite(cell.diagnostics.get("document_norm_cohens_d")) if cell else None
             axes.set_title(f"{dataset} / {system}" + (f"  d={d:+.2f}" if d is not None else ""), fontsize=8)
             axes.tick_params(labelsize=7)
@@ -72,17 +77,17 @@ def plot_norms(norms: Mapping, cells: Sequence[Cell], path: Path) -> Path | None
     return _save(figure, path)
 
 
-def plot_recall(cells: Sequence[Cell], path: Path) -> Path | None:
+def plot_recall(model: ReportModel, path: Path) -> Path | None:
     """recall@k against k per dataset: a cell's recall curve, else its recall@k metrics."""
-    datasets = [d for d in dict.fromkeys(cell.dataset for cell in cells) if any(
-        c.dataset == d and (c.curve or any(_recall_k(k) for k in c.means)) for c in cells)]
+    datasets = [dataset for dataset in model.datasets if any(
+        cell.curve or any(_recall_k(k) for k in cell.means) for cell in model.cells_of(dataset))]
     if not datasets:
         return None
     figure = _figure(4.0 * len(datasets), 3.4)
     for index, dataset in enumerate(datasets):
         axes = figure.add_subplot(1, len(datasets), index + 1)
         largest = 1
-        for cell in sorted((c for c in cells if c.dataset == dataset), key=lambda c: system_rank(c.system)):
+        for cell in model.cells_of(dataset):
             if cell.curve:
                 ks, values = list(range(1, len(cell.curve) + 1)), cell.curve
             else:

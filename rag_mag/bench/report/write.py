@@ -26,11 +26,12 @@ Several seeds of one system are averaged per question before the bootstrap, so a
 sampling of the seed-averaged system; the spread over seeds is shown in its own table. Every file is
 written atomically and durably (rag_mag.durable: temporary file, fsync, rename).
 
-This module writes the files; the parts are beside it in ``rag_mag/bench/report/``: ``aggregate``
-(rows into cells), ``compare`` (paired tests against the baseline, and ``against_untrained``: did
-training help each strategy over ``base_cosine``), ``findings`` (``paper_findings``: the section
-"Paper findings: held or not", computed from the numbers), ``markdown`` (report.md),
-``format`` (how figures are written), ``plots`` and ``environment``.
+The report is made in stages, each a module beside this one in ``rag_mag/bench/report/``: ``build``
+computes the report model once (``model.ReportModel``): ``aggregate`` (rows into cells), ``compare`` (paired
+tests against the baseline, and ``against_untrained``: did training help each strategy over ``base_cosine``)
+and ``findings`` (``paper_findings``: the section "Paper findings: held or not", computed from the numbers);
+then the renderers only read it: ``markdown`` (report.md, with ``format``: how figures are written) and
+``plots``. This module writes the files, with the machine from ``environment``.
 """
 
 from __future__ import annotations
@@ -43,13 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag_mag import durable
-from rag_mag.bench.report.aggregate import aggregate
-from rag_mag.bench.report.compare import against_untrained, compare_to_baseline
+from rag_mag.bench.report.build import build_model
 from rag_mag.bench.report.environment import collect_environment
-from rag_mag.bench.report.findings import of_pipeline, paper_findings
 from rag_mag.bench.report.format import json_safe
 from rag_mag.bench.report.markdown import render_markdown
-from rag_mag.bench.report.plots import plot_answers, plot_norms, plot_recall
+from rag_mag.bench.report.plots import render_plots
 
 logger = logging.getLogger("rag_mag.bench.report")  # the report's log lines keep their name
 
@@ -73,25 +72,18 @@ def write_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], *, config:
         raise ValueError("no result rows to report; run at least one (dataset, system) cell")
     out = Path(out_dir)
     environment = dict(environment) if environment is not None else collect_environment(command)
-    cells = aggregate(rows, per_example, n_resamples=n_resamples, seed=seed)
-    comparisons = compare_to_baseline(cells, per_example, baseline, n_resamples=n_resamples,
-                                      n_permutations=n_permutations, seed=seed, primary_pipeline=primary_pipeline)
-    findings = paper_findings(*of_pipeline(cells, comparisons, primary_pipeline), in_domain=in_domain,
-                              baseline=baseline)
-    untrained = against_untrained(cells, per_example, n_resamples=n_resamples, n_permutations=n_permutations,
-                                  seed=seed, primary_pipeline=primary_pipeline, in_domain=in_domain)
-    plots = [plot for plot in (plot_answers(cells, out / "em_f1.png"), plot_norms(norms or {}, cells,
-                                                                                    out / "document_norms.png"),
-                               plot_recall(cells, out / "recall_at_k.png")) if plot is not None]
+    model = build_model(rows, per_example=per_example, norms=norms, in_domain=in_domain, baseline=baseline,
+                        n_resamples=n_resamples, n_permutations=n_permutations, seed=seed,
+                        primary_pipeline=primary_pipeline)
+    plots = render_plots(model, out)
     results = {"config": dict(config or {}), "environment": environment, "results": list(rows),
-               "aggregates": [cell.to_dict() for cell in cells], "comparisons": comparisons, "findings": findings,
-               "against_untrained": untrained,
-               "in_domain": list(in_domain), "plots": [plot.name for plot in plots], **dict(extra or {})}
+               "aggregates": [cell.to_dict() for cell in model.cells], "comparisons": model.comparisons,
+               "findings": model.findings, "against_untrained": model.untrained, "in_domain": model.in_domain,
+               "plots": [plot.name for plot in plots], **dict(extra or {})}
     results_path, report_path = out / "results.json", out / "report.md"
     durable.write_bytes(results_path, json.dumps(json_safe(results), indent=2, allow_nan=False).encode("utf-8"))
-    markdown = render_markdown(title or out.name, cells, comparisons, findings, config or {}, environment, plots,
-                               baseline=baseline, notes=notes, sections=sections,
-                               primary_pipeline=primary_pipeline, untrained=untrained)
+    markdown = render_markdown(model, title=title or out.name, config=config or {}, environment=environment,
+                               plots=plots, notes=notes, sections=sections)
     durable.write_bytes(report_path, markdown.encode("utf-8"))
     logger.info("report written to %s (%d rows, %d plots)", out, len(rows), len(plots))
     return ReportFiles(results_json=results_path, report_md=report_path, plots=tuple(plots))
