@@ -1,9 +1,11 @@
 """The package's layers, read from the source with ``ast`` (nothing is imported).
 
 Low to high: the shared modules at the root of ``rag_mag/`` -> ``metrics`` -> ``retriever`` -> ``components``
--> ``reader`` -> ``serving`` -> ``bench`` -> ``adapt`` -> ``demo`` -> ``cli``. A module may import its own layer and
-the layers below it, never one above, also not lazily inside a function; no two modules may import each other,
-directly or through others; and the root holds at most ``MAX_ROOT_FILES`` modules, so that new code lands in a layer.
+-> ``reader`` -> ``serving`` -> ``bench`` -> ``adapt`` -> ``demo`` -> ``cli``; a module's layer is its first
+folder under ``rag_mag/``, so a sub-package (``bench/report/``, ``bench/crossover/``) is in its folder's layer.
+A module may import its own layer and the layers below it, never one above, also not lazily inside a function;
+no two modules may import each other, directly or through others; and the root holds at most ``MAX_ROOT_FILES``
+modules, so that new code lands in a layer.
 
 And the rooms stay small: no module has more than ``MAX_MODULE_LINES`` lines, and no function or method more than
 ``MAX_FUNCTION_LINES``, counted from its ``def`` line to its last line (decorators not counted, its docstring and
@@ -216,6 +218,13 @@ def test_resolves_absolute_relative_and_lazy_imports(tmp_path, monkeypatch):
     graph = import_graph()
     assert graph["rag_mag.serving.high"] == {"rag_mag.serving.low": 1, "rag_mag.errors": 2, "rag_mag.cli.main": 5}
     assert layer_of("rag_mag.cli.main") > layer_of("rag_mag.serving.high") > layer_of("rag_mag.errors") == 0
+
+
+def test_a_sub_package_is_in_the_layer_of_its_first_folder():
+    bench = 1 + LAYERS.index("bench")
+    assert layer_of("rag_mag.bench.report.model") == layer_of("rag_mag.bench.crossover.runner") == \
+        layer_of("rag_mag.bench.runner") == bench
+    assert layer_of("rag_mag.serving.pipelines") < bench < layer_of("rag_mag.adapt.run")
 
 
 @pytest.mark.parametrize(("graph", "expected"), [
