@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from rag_mag import durable  # noqa: E402
 from rag_mag.bench.crossover.config import load_crossover_config  # noqa: E402
-from rag_mag.bench.crossover.test_sets import load_test_sets, rank_test_set  # noqa: E402
+from rag_mag.bench.crossover.held_out import load_test_sets, rank_test_set  # noqa: E402
 from rag_mag.retriever.encoder import MagnitudeEncoder  # noqa: E402
 
 OUT = REPO_ROOT / "eval" / "reports" / "probes"

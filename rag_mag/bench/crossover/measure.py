@@ -12,7 +12,7 @@ from typing import Any
 from rag_mag import durable
 from rag_mag.bench.config import fingerprint
 from rag_mag.bench.crossover.config import CrossoverConfig, RunSpec
-from rag_mag.bench.crossover.test_sets import test_ndcg
+from rag_mag.bench.crossover.held_out import test_ndcg
 from rag_mag.bench.datasets import EvalDataset
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ needs torch and transformers at training time (no Haystack, FAISS or vLLM), so i
 machine (``device: auto``).
 
 This module runs the study (``CrossoverRunner``); its parts live beside it in ``rag_mag/bench/crossover/``: the
-config and run labels in ``config``, cells, keys and run folders in ``store``, the test sets in ``test_sets``, the
+config and run labels in ``config``, cells, keys and run folders in ``store``, the test sets in ``held_out``, the
 measurement of checkpoints in ``measure``, the tuned values in ``tuning``, the published ``best/`` (link,
 off-curve measurement, rebuild) in ``published``, and the report in ``report``.
 """
@@ -38,7 +38,7 @@ from rag_mag.bench.crossover.published import (
     rebuild_checkpoint,
 )
 from rag_mag.bench.crossover.store import CrossoverStore, record_cpu_kind
-from rag_mag.bench.crossover.test_sets import load_test_sets
+from rag_mag.bench.crossover.held_out import load_test_sets
 from rag_mag.bench.crossover.tuning import as_trained
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import iter_jsonl, read_triples
