@@ -16,6 +16,7 @@ from rag_mag.cli.main import main
 from rag_mag.components import faiss_index
 from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.components.passage_splitter import PassageSplitter, sentence_spans
+from rag_mag.errors import ConfigError
 from rag_mag.serving.answers import excerpt
 from rag_mag.serving.file_indexing import EXIT_SKIPPED, index_files
 from rag_mag.serving.pipelines import PIPELINES_DIR, read_pipeline_dict
@@ -165,7 +166,7 @@ def test_a_run_hides_the_old_heap_from_the_collector_and_hands_it_back(retriever
                                                                      real_plan(*a, **k))[1])
     run_index([write_folder(tmp_path / "docs")], tmp_path / "index", retriever)
     assert frozen and frozen[0] > 1000 and gc.get_freeze_count() == 0
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigError):
         run_index([tmp_path / "docs"], tmp_path / "index", retriever, max_file_mb=-1)
     assert gc.get_freeze_count() == 0
 
