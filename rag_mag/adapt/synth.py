@@ -205,7 +205,7 @@ def mine_negatives(kept: list[dict], corpus_path: Path, count: int) -> dict[str,
     """``{chunk id: hard negatives}``: BM25's best-ranked chunks for the question that are neither its own chunk
     nor hold its answer (``BM25NegativeMiner``, the training data's miner)."""
     from rag_mag.metrics.answers import contains_answer
-    from rag_mag.retriever.negative_miners import BM25NegativeMiner
+    from rag_mag.retriever.data.negative_miners import BM25NegativeMiner
 
     if not count or not kept:
         return {record["chunk_id"]: [] for record in kept}

@@ -52,8 +52,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def ensure_retriever(strategy: str, folder: Path) -> None:
-    from rag_mag.retriever.config import TrainConfig
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.config import TrainConfig
+    from rag_mag.retriever.training.trainer import Trainer
 
     if (folder / "rag_mag.json").is_file():
         logger.info("retriever %s: %s (already trained)", strategy, folder)

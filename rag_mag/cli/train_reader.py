@@ -7,7 +7,7 @@ import json
 
 from rag_mag import durable, writable
 from rag_mag.reader.config import ReaderConfig
-from rag_mag.retriever.config import add_dataclass_arguments, load_train_config
+from rag_mag.retriever.training.config import add_dataclass_arguments, load_train_config
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

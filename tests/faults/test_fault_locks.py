@@ -103,8 +103,8 @@ def no_model_loads(monkeypatch):
 
     monkeypatch.setattr(MagnitudeEncoder, "load", classmethod(refuse))
     monkeypatch.setattr(MagnitudeEncoder, "build", classmethod(refuse))
-    monkeypatch.setattr("rag_mag.retriever.trainer.Trainer.train", refuse)
-    monkeypatch.setattr("rag_mag.retriever.training_data.build_training_data", refuse)
+    monkeypatch.setattr("rag_mag.retriever.training.trainer.Trainer.train", refuse)
+    monkeypatch.setattr("rag_mag.retriever.data.build.build_training_data", refuse)
     monkeypatch.setattr("rag_mag.reader.trainer.ReaderTrainer.train", refuse)
     monkeypatch.setattr("rag_mag.serving.gguf_convert.convert_gguf", refuse)
 

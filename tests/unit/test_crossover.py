@@ -23,9 +23,9 @@ from rag_mag.bench.crossover_tuning import with_tuned
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import Context, EvalRecord, Passage, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
-from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.trainer import Trainer
 from tests.tiny import tiny_encoder
 
 TOPICS = [("paris", "france"), ("london", "england"), ("berlin", "germany"), ("rome", "italy"),
@@ -519,7 +519,6 @@ def test_the_committed_study_cells_are_current_under_their_config():
     from rag_mag.bench.crossover_config import load_crossover_config
     from rag_mag.bench.crossover_store import CrossoverStore
     from rag_mag.bench.crossover_tuning import as_trained
-
     from rag_mag.models import REPO_ROOT
 
     config = load_crossover_config(REPO_ROOT / "eval" / "configs" / "crossover.yaml")

@@ -77,7 +77,7 @@ def test_devices_are_validated_and_cuda_without_a_gpu_is_a_clear_error(monkeypat
 
 
 def test_training_config_refuses_the_old_bf16_field_with_the_new_name():
-    from rag_mag.retriever.config import TrainConfig, make_config
+    from rag_mag.retriever.training.config import TrainConfig, make_config
 
     with pytest.raises(ConfigError, match="replaced by precision"):
         make_config(TrainConfig, {"bf16": True})
