@@ -127,7 +127,7 @@ def measure_vllm(kind: str, dtype_precision: str, port: int) -> dict:
     from openai import OpenAI
 
     from rag_mag.precision import vllm_dtype
-    from rag_mag.serving import llm_server
+    from rag_mag.serving.llm import server as llm_server
 
     saved = dict(os.environ)
     os.environ.update(KINDS[kind])

@@ -277,7 +277,7 @@ def synthesize(source: str, out: Path, *, settings: SynthSettings | None = None,
     at ``llm_url`` (the running one, or one started here)."""
     from rag_mag.adapt.chunks import base_retriever
     from rag_mag.data import write_jsonl
-    from rag_mag.serving.llm_readers import reader_checksum
+    from rag_mag.serving.llm.readers import reader_checksum
 
     settings = settings or SynthSettings()
     out = Path(out)
@@ -323,9 +323,9 @@ def served(model: str, url: str | None, given: Generate | None, *, max_tokens: i
         yield given
         return
     from rag_mag.errors import ServerNotRunningError
-    from rag_mag.serving.llm_preflight import check_server
-    from rag_mag.serving.llm_server import running_server
-    from rag_mag.serving.llm_settings import default_api_base_url
+    from rag_mag.serving.llm.preflight import check_server
+    from rag_mag.serving.llm.server import running_server
+    from rag_mag.serving.llm.settings import default_api_base_url
 
     target = url or default_api_base_url()
     try:

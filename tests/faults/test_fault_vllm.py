@@ -12,7 +12,9 @@ import time
 import httpx
 import pytest
 
-from rag_mag.serving import gguf_convert, llm_records, llm_server
+from rag_mag.serving.llm import gguf_convert
+from rag_mag.serving.llm import records as llm_records
+from rag_mag.serving.llm import server as llm_server
 from tests.integration.demo_support import InProcessDemo
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]

@@ -20,7 +20,12 @@ from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
 from rag_mag.cli.main import main
 from rag_mag.errors import ConfigError, ServerNotRunningError
-from rag_mag.serving import gguf_convert, llm_preflight, llm_readers, llm_records, llm_server, llm_settings
+from rag_mag.serving.llm import gguf_convert
+from rag_mag.serving.llm import preflight as llm_preflight
+from rag_mag.serving.llm import readers as llm_readers
+from rag_mag.serving.llm import records as llm_records
+from rag_mag.serving.llm import server as llm_server
+from rag_mag.serving.llm import settings as llm_settings
 
 
 @pytest.fixture(autouse=True)

@@ -53,7 +53,7 @@ def test_on_a_gpu_vllm_keeps_the_models_dtype():
 
 
 def test_the_vllm_command_carries_the_chosen_dtype(monkeypatch):
-    from rag_mag.serving import llm_server
+    from rag_mag.serving.llm import server as llm_server
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a, **k: False)
     monkeypatch.setattr(precision, "has_nvidia_gpu", lambda: False)

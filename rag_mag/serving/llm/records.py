@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rag_mag import durable
-from rag_mag.serving.llm_settings import DEFAULT_HOST, DEFAULT_PORT, SERVER_MODULE, api_base_url_for, state_dir
+from rag_mag.serving.llm.settings import DEFAULT_HOST, DEFAULT_PORT, SERVER_MODULE, api_base_url_for, state_dir
 
 logger = logging.getLogger(__name__)
 

@@ -186,7 +186,7 @@ def read_password(folder: PgFolder) -> str:
 
 def running_port(folder: PgFolder) -> int | None:
     """The port of the server running on ``folder`` (its postmaster.pid names a live process), else None."""
-    from rag_mag.serving.llm_records import process_alive
+    from rag_mag.serving.llm.records import process_alive
 
     try:
         lines = (folder.data / "postmaster.pid").read_text().splitlines()
@@ -202,7 +202,7 @@ def server_url(folder: PgFolder, port: int) -> str:
 
 def start(folder: PgFolder | None = None, port: int = DEFAULT_PORT, timeout: float = START_TIMEOUT_S) -> str:
     """Start the server on ``folder`` (created on first use) and return its URL; a running one is reused."""
-    from rag_mag.serving.llm_records import log_tail, port_in_use
+    from rag_mag.serving.llm.records import log_tail, port_in_use
 
     folder = folder or default_folder()
     owner = init_cluster(folder)
