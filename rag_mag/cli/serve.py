@@ -146,14 +146,14 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.models import default_retriever_dir
     from rag_mag.serving.db import pgvector
     from rag_mag.serving.llm import preflight as llm_preflight
-    from rag_mag.serving.llm import records as llm_records
     from rag_mag.serving.llm import server as llm_server
+    from rag_mag.serving.processes import port_in_use
 
     on_table = uses_table(args)
     specs = [] if on_table else resolve_indexes(args.indexes)
     if on_table:
         pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)
-    if llm_records.port_in_use(args.host, args.port):
+    if port_in_use(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (another demo?); stop it or choose "
                           "another with --port")
     with contextlib.ExitStack() as stack:

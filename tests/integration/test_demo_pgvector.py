@@ -13,7 +13,7 @@ import pytest
 from rag_mag.cli.main import main
 from rag_mag.models import REPO_ROOT
 from rag_mag.serving.db import postgres
-from rag_mag.serving.llm.records import find_free_port
+from rag_mag.serving.processes import find_free_port
 from tests.integration.demo_support import QUESTION, DemoProcess, demo_indexes, supporting_ids
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,8 @@ CUDA ones) as an OpenAI-compatible server; the application reaches it over HTTP 
 ``VLLMChatGenerator``. A detached server leaves a JSON pid file and a log file under
 ``artifacts_dir()/vllm/`` (one pair per port, see ``records``), so ``stop`` and ``status`` work from any
 process. Its neighbours in ``llm/``: ``settings`` (URLs, names, environment variables), ``gguf_convert`` and
-``readers`` (what it serves), ``preflight`` (the checks that a server answers).
+``readers`` (what it serves), ``preflight`` (the checks that a server answers); ``serving/processes`` holds what
+it shares with PostgreSQL's lifecycle (live processes, ports, log tails).
 """
 
 from __future__ import annotations
@@ -26,17 +27,7 @@ from rag_mag.errors import ConfigError, ServerNotRunningError
 from rag_mag.precision import vllm_dtype
 from rag_mag.serving.llm.preflight import check_server
 from rag_mag.serving.llm.readers import resolve_model, served_name
-from rag_mag.serving.llm.records import (
-    ServerRecord,
-    find_free_port,
-    log_path,
-    log_tail,
-    port_in_use,
-    process_alive,
-    remove_record,
-    server_status,
-    write_record,
-)
+from rag_mag.serving.llm.records import ServerRecord, log_path, remove_record, server_status, write_record
 from rag_mag.serving.llm.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -48,6 +39,7 @@ from rag_mag.serving.llm.settings import (
     parse_api_base_url,
     vllm_python,
 )
+from rag_mag.serving.processes import find_free_port, log_tail, port_in_use, process_alive
 
 logger = logging.getLogger(__name__)
 
