@@ -5,6 +5,11 @@ Low to high: the shared modules at the root of ``rag_mag/`` -> ``metrics`` -> ``
 the layers below it, never one above, also not lazily inside a function; no two modules may import each other,
 directly or through others; and the root holds at most ``MAX_ROOT_FILES`` modules, so that new code lands in a layer.
 
+A module's layer is its first folder under ``rag_mag/``: a sub-package stays in its parent's layer. Inside a layer
+that ``PARTS`` names, its parts are ordered too: the retriever's model (its top modules) below ``training/`` and
+``data/``, which do not import each other; in serving, ``processes`` below the vLLM server (``llm/``) and PostgreSQL
+(``db/``), which do not import each other, below the pipelines and indexing at serving's top.
+
 And the rooms stay small: no module has more than ``MAX_MODULE_LINES`` lines, and no function or method more than
 ``MAX_FUNCTION_LINES``, counted from its ``def`` line to its last line (decorators not counted, its docstring and
 comments counted).
@@ -22,6 +27,13 @@ PACKAGE = "rag_mag"
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / PACKAGE
 # above the root, low to high
 LAYERS = ["metrics", "retriever", "components", "reader", "serving", "bench", "adapt", "demo", "cli"]
+# Inside a layer, its parts low to high (a set: parts of one rank). A part is a sub-package or a module at the
+# layer's top; "." stands for the layer's other top modules. A module may import its own part and lower ones, never a
+# higher one nor another part of its rank.
+PARTS = {
+    "retriever": [{"."}, {"data", "training"}],
+    "serving": [{"processes"}, {"db", "llm"}, {"."}],
+}
 MAX_ROOT_FILES = 8
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
@@ -51,6 +63,37 @@ def layer_of(module: str) -> int:
 
 def layer_name(layer: int) -> str:
     return "root" if layer == 0 else LAYERS[layer - 1]
+
+
+def part_of(module: str) -> tuple[str, str] | None:
+    """``(layer, part)`` of a module in a layer that ``PARTS`` names, else None.
+
+    ``rag_mag.retriever.training.trainer`` -> ``("retriever", "training")``; ``rag_mag.retriever.encoder`` and the
+    package ``rag_mag.retriever`` itself -> ``("retriever", ".")``."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in PARTS:
+        return None
+    named = set().union(*PARTS[parts[1]])
+    return parts[1], parts[2] if len(parts) > 2 and parts[2] in named else "."
+
+
+def part_rank(layer: str, part: str) -> int:
+    return next(rank for rank, parts in enumerate(PARTS[layer]) if part in parts)
+
+
+def part_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Imports inside a layer of ``PARTS`` that point up its parts or across parts of one rank."""
+    violations = []
+    for module, targets in graph.items():
+        for target, line in sorted(targets.items()):
+            source, destination = part_of(module), part_of(target)
+            if source is None or destination is None or source[0] != destination[0] or source == destination:
+                continue
+            layer = source[0]
+            if part_rank(layer, destination[1]) >= part_rank(layer, source[1]):
+                violations.append(f"{module} ({layer}: {source[1]}) imports {target} ({layer}: {destination[1]}) "
+                                  f"at line {line}")
+    return violations
 
 
 def imported_modules(module: str, path: Path, known: set[str]) -> dict[str, int]:
@@ -156,6 +199,25 @@ def test_the_import_graph_has_no_cycle():
         f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:], strict=False)) + f" -> {cycle[-1]}"
 
 
+def test_inside_a_layer_imports_point_down_its_parts():
+    violations = part_violations(import_graph())
+    assert not violations, "imports against the order of a layer's parts (" + "; ".join(
+        f"{layer}: " + " < ".join("/".join(sorted(rank)) for rank in ranks) for layer, ranks in PARTS.items()) + \
+        "):\n" + "\n".join(violations)
+
+
+def test_every_sub_package_of_an_ordered_layer_is_a_part():
+    for layer, ranks in PARTS.items():
+        folder = PACKAGE_DIR / layer
+        sub_packages = {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+        top_modules = {p.stem for p in folder.glob("*.py")}
+        named = set().union(*ranks) - {"."}
+        assert sub_packages <= named, f"rag_mag/{layer}/ has sub-packages {sorted(sub_packages - named)} that " \
+            f"PARTS[{layer!r}] does not order; add them"
+        missing = sorted(named - sub_packages - top_modules)
+        assert not missing, f"PARTS[{layer!r}] names {missing}, which rag_mag/{layer}/ does not hold"
+
+
 def test_the_package_root_stays_small():
     root_files = sorted(path.name for path in PACKAGE_DIR.glob("*.py"))
     assert len(root_files) <= MAX_ROOT_FILES, (
@@ -216,6 +278,27 @@ def test_resolves_absolute_relative_and_lazy_imports(tmp_path, monkeypatch):
     graph = import_graph()
     assert graph["rag_mag.serving.high"] == {"rag_mag.serving.low": 1, "rag_mag.errors": 2, "rag_mag.cli.main": 5}
     assert layer_of("rag_mag.cli.main") > layer_of("rag_mag.serving.high") > layer_of("rag_mag.errors") == 0
+
+
+def test_orders_the_parts_of_a_layer():
+    graph = {
+        "rag_mag.retriever.encoder": {"rag_mag.retriever.strategies": 1, "rag_mag.retriever.training.config": 2},
+        "rag_mag.retriever.training.trainer": {"rag_mag.retriever.encoder": 1, "rag_mag.retriever.data.mining": 3},
+        "rag_mag.retriever.data.mining": {"rag_mag.retriever.bm25": 1, "rag_mag.retriever.data.spec": 2},
+        "rag_mag.serving.pipelines": {"rag_mag.serving.llm.preflight": 1, "rag_mag.serving.files": 2},
+        "rag_mag.serving.db.postgres": {"rag_mag.serving.processes": 1, "rag_mag.serving.llm.records": 4},
+        "rag_mag.serving.processes": {"rag_mag.serving.llm.settings": 5},
+        "rag_mag.cli.train": {"rag_mag.retriever.training.trainer": 1},
+    }
+    assert part_violations(graph) == [
+        "rag_mag.retriever.encoder (retriever: .) imports rag_mag.retriever.training.config (retriever: training) "
+        "at line 2",
+        "rag_mag.retriever.training.trainer (retriever: training) imports rag_mag.retriever.data.mining "
+        "(retriever: data) at line 3",
+        "rag_mag.serving.db.postgres (serving: db) imports rag_mag.serving.llm.records (serving: llm) at line 4",
+        "rag_mag.serving.processes (serving: processes) imports rag_mag.serving.llm.settings (serving: llm) at line 5",
+    ]
+    assert layer_of("rag_mag.retriever.training.trainer") == layer_of("rag_mag.retriever.encoder")
 
 
 @pytest.mark.parametrize(("graph", "expected"), [
