@@ -29,8 +29,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "eval" / "reports" / "distribute
 
 def child(args: argparse.Namespace) -> None:
     """One rank of the timed run (started by torchrun)."""
-    from rag_mag.retriever.config import TrainConfig
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.config import TrainConfig
+    from rag_mag.retriever.training.trainer import Trainer
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config = TrainConfig(strategy=args.strategy, train_data=args.data, out=args.out,

@@ -37,10 +37,10 @@ from rag_mag import durable
 from rag_mag.data import EvalRecord, read_eval
 from rag_mag.metrics.answers import exact_match
 from rag_mag.models import default_reader_dir
-from rag_mag.serving.llm_preflight import check_server
-from rag_mag.serving.llm_records import find_free_port
-from rag_mag.serving.llm_server import start_server, stop_server
-from rag_mag.serving.llm_settings import DEFAULT_SERVED_MODEL_NAME, default_api_base_url
+from rag_mag.serving.llm.preflight import check_server
+from rag_mag.serving.llm.server import start_server, stop_server
+from rag_mag.serving.llm.settings import DEFAULT_SERVED_MODEL_NAME, default_api_base_url
+from rag_mag.serving.processes import find_free_port
 
 DEFAULT_DATA = Path("/work/shared/data/triviaqa/triviaqa_test1000_eval.jsonl")
 SYSTEM_PROMPT = "Answer the question using the passages. Reply with a short answer only, a few words."

@@ -222,7 +222,7 @@ def main() -> None:
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    from rag_mag.serving.pgvector import connect_url
+    from rag_mag.serving.db.pgvector import connect_url
 
     url, _ = connect_url(start=False)
     real, queries = encoded("qnorm", RETRIEVERS["qnorm"], args)

@@ -46,8 +46,8 @@ KINDS = {"native": {}, "emulated": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}}
 
 
 def child_training(precision: str, steps: int, train_data: str) -> dict:
-    from rag_mag.retriever.config import TrainConfig
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.config import TrainConfig
+    from rag_mag.retriever.training.trainer import Trainer
 
     stamps: list[float] = []
     with tempfile.TemporaryDirectory() as out:
@@ -127,7 +127,7 @@ def measure_vllm(kind: str, dtype_precision: str, port: int) -> dict:
     from openai import OpenAI
 
     from rag_mag.precision import vllm_dtype
-    from rag_mag.serving import llm_server
+    from rag_mag.serving.llm import server as llm_server
 
     saved = dict(os.environ)
     os.environ.update(KINDS[kind])

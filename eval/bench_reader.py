@@ -35,7 +35,9 @@ from rag_mag.bench.stats import bootstrap_ci, paired_permutation_test  # noqa: E
 from rag_mag.components.answer_prompt import answer_messages  # noqa: E402
 from rag_mag.metrics.answers import clean_answer, score_answers  # noqa: E402
 from rag_mag.precision import cpu_flags, cpu_kind  # noqa: E402
-from rag_mag.serving import llm_readers, llm_server, llm_settings  # noqa: E402
+from rag_mag.serving.llm import readers as llm_readers  # noqa: E402
+from rag_mag.serving.llm import server as llm_server  # noqa: E402
+from rag_mag.serving.llm import settings as llm_settings  # noqa: E402
 
 logger = logging.getLogger("bench_reader")
 CONDITIONS = ("oracle", "retrieved", "closed_book")

@@ -44,9 +44,9 @@ sys.path.insert(0, str(REPO))
 from rag_mag import durable  # noqa: E402
 from rag_mag.data import Passage, iter_jsonl, read_triples, write_jsonl  # noqa: E402
 from rag_mag.precision import cpu_kind, use_bf16  # noqa: E402
-from rag_mag.retriever.config import TrainConfig  # noqa: E402
-from rag_mag.retriever.trainer import Trainer  # noqa: E402
-from rag_mag.retriever.validation import validation_scores  # noqa: E402
+from rag_mag.retriever.training.config import TrainConfig  # noqa: E402
+from rag_mag.retriever.training.trainer import Trainer  # noqa: E402
+from rag_mag.retriever.training.validation import validation_scores  # noqa: E402
 
 logger = logging.getLogger("bench_recipes")
 
@@ -163,7 +163,7 @@ class RecipeRun:
 
     def _wise(self, encoder, bf16: bool) -> None:
         from rag_mag.retriever.interpolate import interpolate
-        from rag_mag.retriever.recipes import base_transformer
+        from rag_mag.retriever.training.recipes import base_transformer
 
         base = base_transformer(self.config())
         tuned = encoder.to("cpu")

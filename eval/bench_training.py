@@ -29,12 +29,12 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "sample" / "train_
 def run_rag_mag(args: argparse.Namespace) -> dict:
     import torch
 
-    from rag_mag.retriever.batches import load_training_data
-    from rag_mag.retriever.config import TrainConfig
     from rag_mag.retriever.encoder import MagnitudeEncoder
     from rag_mag.retriever.loss import InfoNCELoss
-    from rag_mag.retriever.optimizer import build_optimizer
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.batches import load_training_data
+    from rag_mag.retriever.training.config import TrainConfig
+    from rag_mag.retriever.training.optimizer import build_optimizer
+    from rag_mag.retriever.training.trainer import Trainer
 
     config = TrainConfig(strategy=args.strategy, train_data=args.data, out="/tmp/bench-training-unused",
                          batch_size=args.batch_size, hard_negatives=1, steps=args.steps + args.warmup,
@@ -61,8 +61,8 @@ def run_sentence_transformers(args: argparse.Namespace) -> dict:
     from sentence_transformers import SentenceTransformer, losses, util
 
     from rag_mag.models import default_retriever_base
-    from rag_mag.retriever.batches import load_training_data, make_batch
-    from rag_mag.retriever.config import TrainConfig
+    from rag_mag.retriever.training.batches import load_training_data, make_batch
+    from rag_mag.retriever.training.config import TrainConfig
 
     config = TrainConfig(strategy=args.strategy, train_data=args.data, out="/tmp/bench-training-unused",
                          batch_size=args.batch_size, hard_negatives=1, steps=args.steps + args.warmup,

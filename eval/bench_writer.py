@@ -44,7 +44,7 @@ from rag_mag.bench.stats import bootstrap_ci, paired_permutation_test  # noqa: E
 from rag_mag.data import read_corpus  # noqa: E402
 from rag_mag.metrics.answers import contains_answer, normalize_answer  # noqa: E402
 from rag_mag.precision import cpu_kind  # noqa: E402
-from rag_mag.serving import llm_settings  # noqa: E402
+from rag_mag.serving.llm import settings as llm_settings  # noqa: E402
 
 logger = logging.getLogger("bench_writer")
 WRITERS = (llm_settings.WRITER_SERVED_MODEL_NAME, llm_settings.BASE_SERVED_MODEL_NAME)

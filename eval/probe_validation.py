@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from rag_mag import durable  # noqa: E402
 from rag_mag.data import read_triples  # noqa: E402
 from rag_mag.retriever.encoder import MagnitudeEncoder  # noqa: E402
-from rag_mag.retriever.selection import paired_standard_error, within_one_standard_error  # noqa: E402
-from rag_mag.retriever.validation import validation_scores  # noqa: E402
+from rag_mag.retriever.training.selection import paired_standard_error, within_one_standard_error  # noqa: E402
+from rag_mag.retriever.training.validation import validation_scores  # noqa: E402
 
 DATA = REPO_ROOT / "data" / "train_default"
 OUT = REPO_ROOT / "eval" / "reports" / "probes"

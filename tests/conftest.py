@@ -67,7 +67,12 @@ def vllm_server() -> Iterator[str]:
     With ``$RAG_MAG_TEST_VLLM_URL`` set, that running server is used (and left running). Otherwise the
     packaged readers are prepared if needed, a server is started on a free port, and stopped after the session.
     """
-    from rag_mag.serving import llm_preflight, llm_readers, llm_records, llm_server, llm_settings
+    from rag_mag.serving import processes
+    from rag_mag.serving.llm import preflight as llm_preflight
+    from rag_mag.serving.llm import readers as llm_readers
+    from rag_mag.serving.llm import records as llm_records
+    from rag_mag.serving.llm import server as llm_server
+    from rag_mag.serving.llm import settings as llm_settings
 
     given = os.environ.get(TEST_URL_ENV)
     if given:
@@ -76,7 +81,7 @@ def vllm_server() -> Iterator[str]:
         yield url
         return
     llm_readers.prepare_readers()
-    port = llm_records.find_free_port()
+    port = processes.find_free_port()
     record = llm_server.start_server(port=port, timeout=START_TIMEOUT_S)
     logger.info("test vLLM server ready at %s (log %s)", record.api_base_url, record.log_path)
     try:

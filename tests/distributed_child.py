@@ -42,7 +42,7 @@ def signal_at(step: int) -> None:
     import os
     import signal
 
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.trainer import Trainer
 
     finish_step = Trainer._finish_step
 
@@ -58,9 +58,9 @@ def main(args: dict) -> None:
     import os
 
     from rag_mag import stopping
-    from rag_mag.retriever.config import TrainConfig
     from rag_mag.retriever.encoder import MagnitudeEncoder
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.config import TrainConfig
+    from rag_mag.retriever.training.trainer import Trainer
 
     MagnitudeEncoder.build = tiny_build(Path(args.pop("tokenizer_dir")), args.pop("dropout", 0.0))
     record = args.pop("record_gradients", False)

@@ -205,7 +205,7 @@ def mine_negatives(kept: list[dict], corpus_path: Path, count: int) -> dict[str,
     """``{chunk id: hard negatives}``: BM25's best-ranked chunks for the question that are neither its own chunk
     nor hold its answer (``BM25NegativeMiner``, the training data's miner)."""
     from rag_mag.metrics.answers import contains_answer
-    from rag_mag.retriever.negative_miners import BM25NegativeMiner
+    from rag_mag.retriever.data.negative_miners import BM25NegativeMiner
 
     if not count or not kept:
         return {record["chunk_id"]: [] for record in kept}
@@ -277,7 +277,7 @@ def synthesize(source: str, out: Path, *, settings: SynthSettings | None = None,
     at ``llm_url`` (the running one, or one started here)."""
     from rag_mag.adapt.chunks import base_retriever
     from rag_mag.data import write_jsonl
-    from rag_mag.serving.llm_readers import reader_checksum
+    from rag_mag.serving.llm.readers import reader_checksum
 
     settings = settings or SynthSettings()
     out = Path(out)
@@ -323,9 +323,9 @@ def served(model: str, url: str | None, given: Generate | None, *, max_tokens: i
         yield given
         return
     from rag_mag.errors import ServerNotRunningError
-    from rag_mag.serving.llm_preflight import check_server
-    from rag_mag.serving.llm_server import running_server
-    from rag_mag.serving.llm_settings import default_api_base_url
+    from rag_mag.serving.llm.preflight import check_server
+    from rag_mag.serving.llm.server import running_server
+    from rag_mag.serving.llm.settings import default_api_base_url
 
     target = url or default_api_base_url()
     try:

@@ -17,9 +17,9 @@ from typing import Any
 
 from rag_mag import durable
 from rag_mag.errors import ConfigError
-from rag_mag.retriever.config import TrainConfig, make_config
-from rag_mag.retriever.resume import RESUMABLE_CHANGES
 from rag_mag.retriever.strategies import Strategy
+from rag_mag.retriever.training.config import TrainConfig, make_config
+from rag_mag.retriever.training.resume import RESUMABLE_CHANGES
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def read_record(run_dir: Path) -> dict:
 def train_strategy(config: TrainConfig, splits_sha256: str) -> dict:
     """Train (or reuse, or resume) one run; returns its record: ``{"settings", "splits_sha256", "finished",
     "step", "best_validation", "best_dir", "reused"}``."""
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.trainer import Trainer
 
     run_dir = Path(config.out)
     identity = run_identity(config, splits_sha256)

@@ -11,8 +11,8 @@ from typing import Any
 from rag_mag.errors import ConfigError
 from rag_mag.models import REPO_ROOT
 from rag_mag.precision import parse_precision
-from rag_mag.retriever.config import TrainConfig, check_field_types, make_config, read_config_file
 from rag_mag.retriever.strategies import Strategy
+from rag_mag.retriever.training.config import TrainConfig, check_field_types, make_config, read_config_file
 
 BASELINES = ("bm25", "base_cosine", "closed_book", "oracle")
 READER_BASELINES = ("bm25", "closed_book", "oracle")  # answered by the reader pipeline, not a scored pipeline

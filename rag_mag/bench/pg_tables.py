@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rag_mag.serving import pgvector, postgres
+from rag_mag.serving.db import pgvector, postgres
 
 logger = logging.getLogger(__name__)
 TABLE_PREFIX = "bench_"

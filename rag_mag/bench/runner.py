@@ -96,7 +96,7 @@ class BenchRunner:
         from rag_mag.bench.generation import GenerationCache
         from rag_mag.bench.scoring import CellScorer
         from rag_mag.bench.summary import write_outputs
-        from rag_mag.serving.llm_server import running_server
+        from rag_mag.serving.llm.server import running_server
 
         self.started = time.perf_counter()
         self.out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,7 @@ class BenchRunner:
         """The PostgreSQL server's URL while the cells are scored, when an unfinished cell's pipeline reads pgvector
         (started if none runs, and then stopped at the end); else ``None``."""
         from rag_mag.bench.pg_tables import uses_pgvector
-        from rag_mag.serving import pgvector
+        from rag_mag.serving.db import pgvector
 
         needs = {row.pipeline.path for dataset, row in work if row.pipeline is not None and not row.system.missing
                  and self._saved(dataset, row, scorer) is None}
@@ -214,7 +214,7 @@ class BenchRunner:
     def reader_identity(self, base: bool = False) -> dict[str, str]:
         """The reader that answers a row: its name and, for a packaged reader, its checksum (a retrained reader
         changes every cell's key)."""
-        from rag_mag.serving.llm_readers import reader_checksum
+        from rag_mag.serving.llm.readers import reader_checksum
 
         name = self.config.base_reader if base else self.config.reader
         if name not in self._reader_checksums:  # read once per run: the adapter's sha256 is a file's hash

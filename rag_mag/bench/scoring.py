@@ -50,7 +50,7 @@ from rag_mag.bench.generation import (
 from rag_mag.bench.pg_tables import ensure_table, serialize_queries, uses_pgvector
 from rag_mag.metrics.answers import clean_answer
 from rag_mag.models import artifacts_dir
-from rag_mag.serving.pgvector import table_overrides
+from rag_mag.serving.db.pgvector import table_overrides
 from rag_mag.serving.pipelines import read_pipeline_dict
 
 logger = logging.getLogger(__name__)

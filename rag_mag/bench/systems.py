@@ -81,7 +81,7 @@ class SystemCatalog:
 
     def train_systems(self, train_file: Path) -> list[System]:
         from rag_mag.retriever.encoder import checkpoint_digest
-        from rag_mag.retriever.trainer import Trainer
+        from rag_mag.retriever.training.trainer import Trainer
 
         systems = []
         for strategy in self.config.strategies:

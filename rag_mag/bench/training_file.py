@@ -50,8 +50,8 @@ def mine_training_data(config: BenchConfig, root: Path | None) -> Path:
     """Triples mined as the config's ``mine:`` section says, excluding every question of the evaluation files."""
     from rag_mag.bench.config import MineConfig
     from rag_mag.data import read_corpus, read_pairs
-    from rag_mag.retriever.config import make_config
-    from rag_mag.retriever.mining import evaluation_keys, mine_triples
+    from rag_mag.retriever.data.mining import evaluation_keys, mine_triples
+    from rag_mag.retriever.training.config import make_config
 
     mine = make_config(MineConfig, config.mine, source="mine config")
     pairs_path, corpus_path = resolve_path(mine.pairs, root), resolve_path(mine.corpus, root)

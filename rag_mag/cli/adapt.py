@@ -16,7 +16,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.adapt.splits import DEFAULT_MIN_PAIRS, DEFAULT_TEST_FRACTION, DEFAULT_VAL_FRACTION
     from rag_mag.adapt.synth import SynthSettings
     from rag_mag.adapt.training import DEFAULT_STRATEGIES, STRATEGIES
-    from rag_mag.retriever.config import TrainConfig
+    from rag_mag.retriever.training.config import TrainConfig
 
     parser = subparsers.add_parser(
         "adapt", help="fit the retriever to your documents with synthetic questions; publish it only if it tests "
@@ -66,7 +66,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def training_settings(args: argparse.Namespace) -> dict:
     """The training settings file's values, then the flags given."""
-    from rag_mag.retriever.config import read_config_file
+    from rag_mag.retriever.training.config import read_config_file
 
     values = read_config_file(args.train_config) if args.train_config else {}
     for name in ("steps", "batch_size", "base_model", "precision"):

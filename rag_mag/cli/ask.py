@@ -49,7 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
     from rag_mag.serving.pipelines import read_pipeline_dict
 
     question = args.question.strip()
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _overrides(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
     """The pipeline parameters the flags set; --index, --qdrant and --table only where the pipeline has them."""
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
     from rag_mag.serving.pipelines import parse_overrides
 
     overrides: dict[str, Any] = {"retriever": args.retriever}

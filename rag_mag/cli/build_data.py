@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from rag_mag.retriever.training_data_spec import NEGATIVE_MINERS, POSITIVE_CHOICES
+from rag_mag.retriever.data.spec import NEGATIVE_MINERS, POSITIVE_CHOICES
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from rag_mag import durable, stopping, writable
     from rag_mag.bench.datasets import data_root
-    from rag_mag.retriever.training_data import build_training_data
-    from rag_mag.retriever.training_data_spec import load_data_spec
+    from rag_mag.retriever.data.build import build_training_data
+    from rag_mag.retriever.data.spec import load_data_spec
 
     overrides = {"out": args.out} if args.out else {}
     if args.negative_miner:

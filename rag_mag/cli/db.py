@@ -11,7 +11,7 @@ from rag_mag.cli import DefaultsHelpFormatter
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from rag_mag.serving.postgres import DEFAULT_PORT, URL_ENV, default_folder
+    from rag_mag.serving.db.postgres import DEFAULT_PORT, URL_ENV, default_folder
 
     parser = subparsers.add_parser(
         "db", help="run the PostgreSQL + pgvector server (start, stop, status, url)",
@@ -31,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag_mag.serving import postgres
+    from rag_mag.serving.db import postgres
 
     folder = postgres.PgFolder(Path(args.data))
     given = os.environ.get(postgres.URL_ENV)

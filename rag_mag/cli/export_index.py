@@ -74,7 +74,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _export_pgvector(args: argparse.Namespace) -> int:
     from rag_mag.components.faiss_index import is_index_folder
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
 
     index = Path(args.index)
     if not is_index_folder(index):

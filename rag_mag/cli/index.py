@@ -151,7 +151,7 @@ def _target(args: argparse.Namespace):
     import contextlib
 
     from rag_mag import durable
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
 
     if args.store == "pgvector":
         table = pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _mine(args: argparse.Namespace) -> int:
-    from rag_mag.retriever.mining import evaluation_keys, mine_triples
+    from rag_mag.retriever.data.mining import evaluation_keys, mine_triples
 
     pairs = read_pairs(args.pairs)
     if args.limit:

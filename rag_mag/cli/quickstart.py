@@ -52,8 +52,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def ensure_retriever(strategy: str, folder: Path) -> None:
-    from rag_mag.retriever.config import TrainConfig
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.config import TrainConfig
+    from rag_mag.retriever.training.trainer import Trainer
 
     if (folder / "rag_mag.json").is_file():
         logger.info("retriever %s: %s (already trained)", strategy, folder)
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.cli.main import main
     from rag_mag.errors import ConfigError
     from rag_mag.retriever.strategies import Strategy
-    from rag_mag.serving import llm_server
+    from rag_mag.serving.llm import server as llm_server
 
     strategies = [Strategy.parse(s).value for s in args.strategies.split(",") if s.strip()]
     if not strategies:

@@ -42,7 +42,7 @@ def _port(value: str) -> int:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.demo.service import DEFAULT_MAX_TOP_K, DEFAULT_MAX_UPLOAD_MB
     from rag_mag.models import default_retriever_dir
-    from rag_mag.serving.pgvector import DEFAULT_TABLE
+    from rag_mag.serving.db.pgvector import DEFAULT_TABLE
     from rag_mag.serving.pipelines import default_pipeline
 
     parser = subparsers.add_parser(
@@ -119,7 +119,7 @@ def allowed_hosts(args: argparse.Namespace) -> list[str]:
 
 def uses_table(args: argparse.Namespace) -> bool:
     """Whether the pipeline reads a PostgreSQL table; the flags of the other kind of index are refused."""
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
     from rag_mag.serving.pipelines import read_pipeline_dict
 
     on_table = bool(pgvector.pipeline_stores(read_pipeline_dict(args.pipeline)))
@@ -144,13 +144,16 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.demo.service import DemoService
     from rag_mag.demo.tables import load_table
     from rag_mag.models import default_retriever_dir
-    from rag_mag.serving import llm_preflight, llm_records, llm_server, pgvector
+    from rag_mag.serving.db import pgvector
+    from rag_mag.serving.llm import preflight as llm_preflight
+    from rag_mag.serving.llm import server as llm_server
+    from rag_mag.serving.processes import port_in_use
 
     on_table = uses_table(args)
     specs = [] if on_table else resolve_indexes(args.indexes)
     if on_table:
         pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)
-    if llm_records.port_in_use(args.host, args.port):
+    if port_in_use(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (another demo?); stop it or choose "
                           "another with --port")
     with contextlib.ExitStack() as stack:

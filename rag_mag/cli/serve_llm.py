@@ -9,7 +9,11 @@ from pathlib import Path
 
 from rag_mag.errors import ConfigError, ServerNotRunningError
 from rag_mag.precision import PRECISIONS
-from rag_mag.serving import llm_preflight, llm_readers, llm_records, llm_server, llm_settings
+from rag_mag.serving.llm import preflight as llm_preflight
+from rag_mag.serving.llm import readers as llm_readers
+from rag_mag.serving.llm import records as llm_records
+from rag_mag.serving.llm import server as llm_server
+from rag_mag.serving.llm import settings as llm_settings
 
 logger = logging.getLogger(__name__)
 

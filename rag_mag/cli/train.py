@@ -8,7 +8,7 @@ import json
 
 from rag_mag import durable, writable
 from rag_mag.errors import ConfigError
-from rag_mag.retriever.config import TrainConfig, add_dataclass_arguments, load_train_config
+from rag_mag.retriever.training.config import TrainConfig, add_dataclass_arguments, load_train_config
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no training data: pass --train-data FILE (triples JSONL) or set train_data in --config")
     if not config.out:
         raise ConfigError("no output folder: pass --out DIR")
-    from rag_mag.retriever.distributed import launched_rank
+    from rag_mag.retriever.training.distributed import launched_rank
 
     writable.check_writable(config.out, f"the training folder {config.out}")  # before any model loads
     # under torchrun rank 0 alone writes OUT, so it alone holds the lock (the others share its job)
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(config: TrainConfig) -> int:
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.trainer import Trainer
 
     trainer = Trainer(config)
     result = trainer.train()

@@ -7,7 +7,7 @@ import json
 
 from rag_mag import durable, writable
 from rag_mag.reader.config import ReaderConfig
-from rag_mag.retriever.config import add_dataclass_arguments, load_train_config
+from rag_mag.retriever.training.config import add_dataclass_arguments, load_train_config
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,7 +39,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from rag_mag.bench.datasets import data_root
     from rag_mag.reader.trainer import ReaderTrainer
-    from rag_mag.serving.gguf_convert import convert_gguf
+    from rag_mag.serving.llm.gguf_convert import convert_gguf
 
     config = load_train_config(args, args.config, ReaderConfig, source="reader config")
     trainer = ReaderTrainer(config, data_root(args.data_root))

@@ -50,7 +50,7 @@ def components_of(pipeline, class_name: str) -> list[str]:
 
 def answer_generators(pipeline) -> tuple[str, ...]:
     """The vLLM generators whose replies reach the component that builds the answers (these are streamed)."""
-    from rag_mag.serving.llm_preflight import iter_vllm_generators
+    from rag_mag.serving.llm.preflight import iter_vllm_generators
     from rag_mag.serving.pipelines import pipeline_section
 
     target = str(pipeline_section(pipeline, "outputs").get("answers", "")).split(".")[0]

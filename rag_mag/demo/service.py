@@ -133,7 +133,7 @@ class DemoService:
     # ------------------------------------------------------------------------------ the vLLM server
     async def check_llm(self) -> list[str]:
         """Raise ServerNotRunningError at once when vLLM does not answer (a success is trusted briefly)."""
-        from rag_mag.serving.llm_preflight import check_server
+        from rag_mag.serving.llm.preflight import check_server
 
         if time.monotonic() < self._llm_ok_until:
             return []

@@ -47,7 +47,7 @@ def table_spec(table: str, retriever_dir: str | Path, url: str) -> IndexSpec:
     """The index a table is served as, named by its strategy (else the table); ``CheckpointError`` when the table
     is missing or holds another retriever's vectors."""
     from rag_mag.components.checkpoints import checkpoint_fingerprint
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
 
     tag = pgvector.check_table(url, pgvector.check_table_name(table), checkpoint_fingerprint(retriever_dir))
     name = tag.get("strategy") or table.strip("_") or "table"
@@ -56,7 +56,7 @@ def table_spec(table: str, retriever_dir: str | Path, url: str) -> IndexSpec:
 
 def load_table(spec: IndexSpec, pipeline_path: str | Path, llm_url: str) -> LoadedIndex:
     """Build and warm up a pgvector pipeline on ``spec.table`` (``$RAG_MAG_PG_URL`` names the server)."""
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
     from rag_mag.serving.pipelines import read_pipeline_dict
 
     data = read_pipeline_dict(pipeline_path)
@@ -84,7 +84,7 @@ def database_error(error: BaseException) -> DatabaseUnavailableError | None:
     """The one line a user sees when ``error`` (or what caused it) is PostgreSQL's connection failing."""
     import psycopg
 
-    from rag_mag.serving import pgvector, postgres
+    from rag_mag.serving.db import pgvector, postgres
 
     seen: set[int] = set()
     cause: BaseException | None = error
@@ -117,7 +117,7 @@ def translated(what: str) -> Iterator[None]:
 def check_database(indexes: list[LoadedIndex]) -> None:
     """``DatabaseUnavailableError`` when an index of the demo is a table and its server does not answer within
     ``CONNECT_TIMEOUT_S`` (for GET /health); nothing to check for FAISS folders."""
-    from rag_mag.serving import pgvector, postgres
+    from rag_mag.serving.db import pgvector, postgres
 
     if any(loaded.spec.table is not None for loaded in indexes):
         url = os.environ[postgres.URL_ENV]
@@ -132,7 +132,7 @@ def table_files(loaded: LoadedIndex) -> list[dict[str, Any]]:
     import psycopg
     from psycopg import sql
 
-    from rag_mag.serving import postgres
+    from rag_mag.serving.db import postgres
 
     query = sql.SQL("SELECT meta->>'file', count(*) FROM {} WHERE meta ? 'file' GROUP BY 1 ORDER BY 1").format(
         sql.Identifier(loaded.spec.table))

@@ -9,7 +9,7 @@ from typing import Any
 
 from rag_mag.errors import ConfigError
 from rag_mag.precision import parse_precision
-from rag_mag.retriever.config import check_field_types
+from rag_mag.retriever.training.config import check_field_types
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" mirrors argparse

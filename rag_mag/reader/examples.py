@@ -39,7 +39,7 @@ from pathlib import Path
 from rag_mag.data import Passage, read_eval, read_triples
 from rag_mag.errors import ConfigError
 from rag_mag.metrics.answers import contains_answer, normalize_answer
-from rag_mag.retriever.linked_positives import title_words
+from rag_mag.retriever.data.linked_positives import title_words
 
 logger = logging.getLogger(__name__)
 

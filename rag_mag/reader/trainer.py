@@ -78,7 +78,7 @@ class ReaderTrainer:
         return value
 
     def _exclude_paths(self) -> list[str]:
-        from rag_mag.retriever.training_data_spec import load_data_spec
+        from rag_mag.retriever.data.spec import load_data_spec
 
         if not self.config.exclude_from:
             return []

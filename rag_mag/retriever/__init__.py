@@ -1,2 +1,1 @@
-"""The magnitude-aware retriever: similarity strategies, loss, encoder, trainer and its config, mined
-training data (BM25), and the norm diagnostics. Nothing here knows of Haystack."""
+"""The magnitude-aware retriever, without Haystack: strategies, loss, encoder, BM25, diagnostics, interpolation."""

@@ -1,1 +1,1 @@
-"""Serving: the YAML pipelines (load, override, pre-flight, run) and the vLLM server that generates."""
+"""Serving: the YAML pipelines (load, override, pre-flight, run), indexing, and the servers of llm/ and db/."""

@@ -64,7 +64,7 @@ class PgTarget:
     """A PostgreSQL table, through Haystack's PgvectorDocumentStore schema (created on the first write)."""
 
     def __init__(self, url: str, table: str) -> None:
-        from rag_mag.serving.pgvector import check_table_name
+        from rag_mag.serving.db.pgvector import check_table_name
 
         self.url, self.table = url, check_table_name(table)
         self._connection = None
@@ -98,13 +98,13 @@ class PgTarget:
 
     @property
     def checkpoint(self) -> str | None:
-        from rag_mag.serving.postgres import table_tag
+        from rag_mag.serving.db.postgres import table_tag
 
         return table_tag(self.connection, self.table).get("checkpoint") if self._exists() else None
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        from rag_mag.serving.pgvector import connection_errors, table_lock
+        from rag_mag.serving.db.pgvector import connection_errors, table_lock
 
         with connection_errors(self.url, f"writing the table {self.table}"), table_lock(self.url, self.table):
             try:
@@ -120,8 +120,8 @@ class PgTarget:
 
     def replace(self, old_ids: list[str], documents: list[Document]) -> None:
         """One transaction: the file's old rows out, its new rows in (COPY)."""
-        from rag_mag.serving.pgvector import copy_rows, ensure_room, row_bytes, table_store
-        from rag_mag.serving.postgres import tag_table
+        from rag_mag.serving.db.pgvector import copy_rows, ensure_room, row_bytes, table_store
+        from rag_mag.serving.db.postgres import tag_table
 
         if not self._created and documents:
             table_store(self.table, len(documents[0].embedding)).count_documents()  # Haystack's schema

@@ -285,7 +285,7 @@ def named_outputs(pipeline, result: dict[str, Any]) -> dict[str, Any]:
 
 def preflight_dict(data: dict[str, Any]) -> None:
     """The vLLM pre-flight on a pipeline dict, before the heavy imports of building it (fast CLI errors)."""
-    from rag_mag.serving.llm_preflight import check_generators
+    from rag_mag.serving.llm.preflight import check_generators
 
     generators = []
     for name, component in data["components"].items():
@@ -300,7 +300,7 @@ def run_pipeline(pipeline, inputs: dict[str, Any], *, preflight: bool = True,
     """Pre-flight the vLLM servers, then run; a RagMagError raised inside a component comes out unwrapped."""
     from haystack.core.errors import PipelineRuntimeError
 
-    from rag_mag.serving.llm_preflight import check_pipeline_servers
+    from rag_mag.serving.llm.preflight import check_pipeline_servers
 
     if preflight:
         check_pipeline_servers(pipeline)

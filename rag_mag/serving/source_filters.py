@@ -31,7 +31,7 @@ def indexed_files(pipeline) -> list[str]:
         if store is not None and hasattr(store, "files"):
             return sorted(store.files("file"))
         if store is not None and hasattr(store, "table_name"):  # a PostgreSQL table
-            from rag_mag.serving.pgvector import table_files
+            from rag_mag.serving.db.pgvector import table_files
 
             return table_files(store.table_name)
     return []

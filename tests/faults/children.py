@@ -15,9 +15,9 @@ from pathlib import Path
 
 
 def train(args: dict) -> None:
-    from rag_mag.retriever.config import TrainConfig
     from rag_mag.retriever.encoder import MagnitudeEncoder
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.config import TrainConfig
+    from rag_mag.retriever.training.trainer import Trainer
     from tests.tiny import tiny_encoder
 
     tokenizer_dir = Path(args.pop("tokenizer_dir"))
@@ -32,7 +32,7 @@ def cli(args: dict) -> None:
 
     from rag_mag.cli.main import main
     from rag_mag.retriever.encoder import MagnitudeEncoder
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.trainer import Trainer
     from tests.tiny import tiny_encoder
 
     tokenizer_dir = Path(args["tokenizer_dir"])

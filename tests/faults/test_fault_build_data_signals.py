@@ -16,7 +16,7 @@ import pytest
 
 from rag_mag.data import write_jsonl
 from rag_mag.models import REPO_ROOT
-from rag_mag.retriever.training_data import write_outputs
+from rag_mag.retriever.data.build import write_outputs
 from tests.tiny import capital_triples
 
 pytestmark = pytest.mark.faults

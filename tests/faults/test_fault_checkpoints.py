@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 from rag_mag.data import write_jsonl
 from rag_mag.errors import CheckpointError
 from rag_mag.models import REPO_ROOT
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
-from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.trainer import Trainer
 from tests.tiny import capital_triples, tiny_encoder
 
 pytestmark = pytest.mark.faults
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.faults
 SETTINGS = dict(steps=8, batch_size=8, learning_rate=1e-3, eval_every=0, log_every=1, save_every=4,
                 val_fraction=0.0, warmup_ratio=0.0, calibration_samples=8,
                 precision="fp32")  # exact replay: bf16 kernels differ between thread counts
-# Every point of train_checkpoint.save_last; "moved-aside" exists only on the two-rename fallback of the folder swap.
+# Every point of checkpoint.save_last; "moved-aside" exists only on the two-rename fallback of the folder swap.
 PHASES = ["checkpoint:staging", "checkpoint:model", "checkpoint:optimizer", "checkpoint:state", "checkpoint:synced",
           "checkpoint:swapped", "checkpoint:done", "checkpoint:moved-aside"]
 

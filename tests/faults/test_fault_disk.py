@@ -27,11 +27,11 @@ from rag_mag.components import faiss_index
 from rag_mag.data import write_jsonl
 from rag_mag.errors import DiskFullError
 from rag_mag.models import REPO_ROOT
-from rag_mag.retriever.config import TrainConfig
+from rag_mag.retriever.data.build import write_outputs
 from rag_mag.retriever.encoder import MagnitudeEncoder
-from rag_mag.retriever.train_checkpoint import missing_parts
-from rag_mag.retriever.trainer import Trainer
-from rag_mag.retriever.training_data import write_outputs
+from rag_mag.retriever.training.checkpoint import missing_parts
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.trainer import Trainer
 from rag_mag.serving.indexing import IndexJob, run_index_job
 from tests.tiny import capital_triples, tiny_encoder
 
@@ -195,7 +195,7 @@ def test_a_checkpoint_save_that_cannot_fit_is_refused_and_last_stays(inputs, sma
 
 def test_a_disk_that_fills_inside_safetensors_ends_in_one_error(inputs, small_disk, tiny_build, monkeypatch,
                                                                 fault_case):
-    monkeypatch.setattr("rag_mag.retriever.train_checkpoint.checkpoint_bytes", lambda encoder, optimizer: 0)
+    monkeypatch.setattr("rag_mag.retriever.training.checkpoint.checkpoint_bytes", lambda encoder, optimizer: 0)
     out, message = _save_on_a_full_disk(inputs, small_disk, leave=32 * 1024)
     assert message.startswith(f"the disk filled up while writing the checkpoint {out / 'last'}")
     assert "Safetensor" not in message and "\n" not in message

@@ -103,10 +103,10 @@ def no_model_loads(monkeypatch):
 
     monkeypatch.setattr(MagnitudeEncoder, "load", classmethod(refuse))
     monkeypatch.setattr(MagnitudeEncoder, "build", classmethod(refuse))
-    monkeypatch.setattr("rag_mag.retriever.trainer.Trainer.train", refuse)
-    monkeypatch.setattr("rag_mag.retriever.training_data.build_training_data", refuse)
+    monkeypatch.setattr("rag_mag.retriever.training.trainer.Trainer.train", refuse)
+    monkeypatch.setattr("rag_mag.retriever.data.build.build_training_data", refuse)
     monkeypatch.setattr("rag_mag.reader.trainer.ReaderTrainer.train", refuse)
-    monkeypatch.setattr("rag_mag.serving.gguf_convert.convert_gguf", refuse)
+    monkeypatch.setattr("rag_mag.serving.llm.gguf_convert.convert_gguf", refuse)
 
 
 def refused_line(err: str, name: str) -> str:

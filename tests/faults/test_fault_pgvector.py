@@ -16,8 +16,8 @@ import pytest
 
 from rag_mag.cli.main import main
 from rag_mag.models import REPO_ROOT, default_retriever_dir
-from rag_mag.serving import pgvector, postgres
-from rag_mag.serving.llm_records import find_free_port
+from rag_mag.serving.db import pgvector, postgres
+from rag_mag.serving.processes import find_free_port
 from tests.faults.test_fault_disk import one_error_line
 from tests.files import write_pdf
 

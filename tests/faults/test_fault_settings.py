@@ -11,9 +11,9 @@ import pytest
 from rag_mag.cli.main import main
 from rag_mag.data import write_jsonl
 from rag_mag.errors import CheckpointError
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
-from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.trainer import Trainer
 from tests.faults.test_fault_checkpoints import SETTINGS
 from tests.tiny import capital_triples, tiny_encoder
 
@@ -153,7 +153,7 @@ def test_bad_flags_are_refused_before_anything_runs(capsys, argv, message, fault
 def test_bad_mine_settings_of_a_benchmark_config_are_refused(values, message, fault_case):
     from rag_mag.bench.config import MineConfig
     from rag_mag.errors import ConfigError
-    from rag_mag.retriever.config import make_config
+    from rag_mag.retriever.training.config import make_config
 
     with pytest.raises(ConfigError, match=message):
         make_config(MineConfig, values, source="mine config")

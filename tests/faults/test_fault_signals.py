@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from rag_mag import stopping
 from rag_mag.bench.datasets import data_root
 from rag_mag.models import REPO_ROOT
-from rag_mag.retriever.train_checkpoint import missing_parts
+from rag_mag.retriever.training.checkpoint import missing_parts
 from tests.faults.test_fault_checkpoints import SETTINGS, logged_steps, straight, workspace  # noqa: F401
 
 pytestmark = pytest.mark.faults

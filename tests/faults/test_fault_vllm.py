@@ -12,7 +12,10 @@ import time
 import httpx
 import pytest
 
-from rag_mag.serving import gguf_convert, llm_records, llm_server
+from rag_mag.serving import processes
+from rag_mag.serving.llm import gguf_convert
+from rag_mag.serving.llm import records as llm_records
+from rag_mag.serving.llm import server as llm_server
 from tests.integration.demo_support import InProcessDemo
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -26,7 +29,7 @@ CHAT = {"model": "qnorm", "messages": [{"role": "user", "content": "What is the 
 def own_server():
     """A vLLM server of this test alone (the session's server must survive the other tests)."""
     gguf_convert.convert_gguf()
-    port = llm_records.find_free_port()
+    port = processes.find_free_port()
     record = llm_server.start_server(port=port, timeout=START_TIMEOUT_S)
     try:
         yield port, record

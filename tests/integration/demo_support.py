@@ -22,7 +22,7 @@ import pytest
 
 from rag_mag.demo.indexes import IndexSpec, discover_indexes
 from rag_mag.models import REPO_ROOT, artifacts_dir
-from rag_mag.serving.llm_records import find_free_port, log_tail
+from rag_mag.serving.processes import find_free_port, log_tail
 
 logger = logging.getLogger(__name__)
 

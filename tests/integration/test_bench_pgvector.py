@@ -13,7 +13,7 @@ import pytest
 from rag_mag.bench import pg_tables
 from rag_mag.cli.main import main
 from rag_mag.models import REPO_ROOT, artifacts_dir
-from rag_mag.serving import pgvector
+from rag_mag.serving.db import pgvector
 
 pytestmark = pytest.mark.integration
 

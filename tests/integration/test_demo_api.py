@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rag_mag.serving.llm_records import find_free_port
+from rag_mag.serving.processes import find_free_port
 from tests.integration.demo_support import (
     QUESTION,
     DemoProcess,

@@ -12,8 +12,8 @@ import pytest
 
 from rag_mag.cli.main import main
 from rag_mag.models import REPO_ROOT
-from rag_mag.serving import postgres
-from rag_mag.serving.llm_records import find_free_port
+from rag_mag.serving.db import postgres
+from rag_mag.serving.processes import find_free_port
 from tests.integration.demo_support import QUESTION, DemoProcess, demo_indexes, supporting_ids
 
 pytestmark = pytest.mark.integration
@@ -116,7 +116,7 @@ def test_a_missing_table_and_flags_of_the_other_store_are_one_line(pg_server, sp
 def test_serve_starts_the_server_it_needs_and_stops_it_on_exit(specs, vllm_server, tmp_path, monkeypatch):
     import uvicorn
 
-    from rag_mag.serving.pgvector import DEFAULT_TABLE
+    from rag_mag.serving.db.pgvector import DEFAULT_TABLE
 
     folder, port = postgres.PgFolder(tmp_path / "pg"), find_free_port()
     url = postgres.start(folder, port)
@@ -148,7 +148,7 @@ def test_concurrent_searches_on_one_store_get_their_own_rows(pg_server, table, m
 
     import numpy as np
 
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
 
     monkeypatch.setenv(postgres.URL_ENV, pg_server[1])
     store = pgvector.table_store(table, 384)

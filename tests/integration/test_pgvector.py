@@ -14,7 +14,7 @@ from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.data import read_eval
 from rag_mag.models import REPO_ROOT, artifacts_dir, default_retriever_dir
 from rag_mag.retriever.encoder import MagnitudeEncoder
-from rag_mag.serving import pgvector
+from rag_mag.serving.db import pgvector
 from tests.files import write_folder
 
 pytestmark = pytest.mark.integration

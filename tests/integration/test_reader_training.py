@@ -9,7 +9,7 @@ import pytest
 from rag_mag.bench.datasets import data_root
 from rag_mag.cli.main import main
 from rag_mag.reader.merge import merge_reader
-from rag_mag.serving import gguf_convert
+from rag_mag.serving.llm import gguf_convert
 
 pytestmark = pytest.mark.integration
 

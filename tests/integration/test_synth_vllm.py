@@ -9,8 +9,8 @@ import pytest
 
 from rag_mag.cli.main import main
 from rag_mag.metrics.answers import contains_answer
-from rag_mag.serving.llm_readers import reader_checksum
-from rag_mag.serving.llm_settings import WRITER_SERVED_MODEL_NAME
+from rag_mag.serving.llm.readers import reader_checksum
+from rag_mag.serving.llm.settings import WRITER_SERVED_MODEL_NAME
 from tests.files import write_folder
 
 pytestmark = pytest.mark.integration

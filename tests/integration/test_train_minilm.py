@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from rag_mag.models import REPO_ROOT
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.interpolate import interpolate
 from rag_mag.retriever.strategies import Strategy
-from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.trainer import Trainer
 
 pytestmark = pytest.mark.integration
 SAMPLE_TRIPLES = REPO_ROOT / "data" / "sample" / "train_triples.jsonl"

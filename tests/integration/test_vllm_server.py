@@ -13,7 +13,10 @@ from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
 from rag_mag.errors import ConfigError
 from rag_mag.models import packaged_smollm2_gguf
-from rag_mag.serving import gguf_convert, llm_preflight, llm_records, llm_settings
+from rag_mag.serving.llm import gguf_convert
+from rag_mag.serving.llm import preflight as llm_preflight
+from rag_mag.serving.llm import records as llm_records
+from rag_mag.serving.llm import settings as llm_settings
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from rag_mag.adapt.run import AdaptSettings, adapt, obtain_pairs
 from rag_mag.adapt.splits import PairsFolder, assign_files, build_splits
 from rag_mag.cli.main import main
 from rag_mag.errors import ConfigError
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder, checkpoint_digest
-from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.trainer import Trainer
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 FILLER = "the a of in is was which where when how year city river book film song king queen war ocean mountain".split()

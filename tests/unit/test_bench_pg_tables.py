@@ -97,7 +97,7 @@ def test_only_the_pgvector_pipelines_need_a_table():
 
 def test_the_bench_starts_postgres_only_for_an_unfinished_pgvector_cell(tmp_path, monkeypatch):
     from rag_mag.bench.runner import BenchRunner
-    from rag_mag.serving import pgvector
+    from rag_mag.serving.db import pgvector
 
     started = []
 

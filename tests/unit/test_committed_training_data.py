@@ -11,7 +11,7 @@ from rag_mag.bench.datasets import data_root
 from rag_mag.data import iter_jsonl, read_eval
 from rag_mag.metrics.answers import normalize_answer
 from rag_mag.models import REPO_ROOT
-from rag_mag.retriever.training_data_spec import load_data_spec
+from rag_mag.retriever.data.spec import load_data_spec
 
 FOLDER = REPO_ROOT / "data" / "train_default"
 RECIPE = REPO_ROOT / "eval" / "configs" / "train_data.yaml"

@@ -20,11 +20,11 @@ from rag_mag.bench.dataset_specs import load_registry, parse_dataset_arg
 from rag_mag.bench.datasets import data_root
 from rag_mag.models import REPO_ROOT
 from rag_mag.reader.config import ReaderConfig
-from rag_mag.retriever.config import TrainConfig, load_train_config
+from rag_mag.retriever.data.spec import DataSpec, load_data_spec
 from rag_mag.retriever.strategies import Strategy
-from rag_mag.retriever.training_data_spec import DataSpec, load_data_spec
-from rag_mag.serving.llm_readers import resolve_model, served_name
-from rag_mag.serving.llm_settings import BASE_SERVED_MODEL_NAME, DEFAULT_SERVED_MODEL_NAME
+from rag_mag.retriever.training.config import TrainConfig, load_train_config
+from rag_mag.serving.llm.readers import resolve_model, served_name
+from rag_mag.serving.llm.settings import BASE_SERVED_MODEL_NAME, DEFAULT_SERVED_MODEL_NAME
 
 CONFIGS = REPO_ROOT / "eval" / "configs"
 ROOT = data_root()

@@ -24,9 +24,9 @@ from rag_mag.bench.crossover.tuning import with_tuned
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import Context, EvalRecord, Passage, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
-from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.trainer import Trainer
 from tests.tiny import tiny_encoder
 
 TOPICS = [("paris", "france"), ("london", "england"), ("berlin", "germany"), ("rome", "italy"),

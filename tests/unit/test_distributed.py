@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file
 
 from rag_mag.data import write_jsonl
-from rag_mag.retriever.config import TrainConfig
-from rag_mag.retriever.distributed import shard_bounds
 from rag_mag.retriever.encoder import MagnitudeEncoder
-from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.distributed import shard_bounds
+from rag_mag.retriever.training.trainer import Trainer
 from tests.distributed_child import gradient_recorder, tiny_build
 
 ROOT = Path(__file__).resolve().parents[2]

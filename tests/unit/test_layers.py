@@ -7,9 +7,14 @@ A module may import its own layer and the layers below it, never one above, also
 no two modules may import each other, directly or through others; and the root holds at most ``MAX_ROOT_FILES``
 modules, so that new code lands in a layer.
 
+Inside a layer that ``PARTS`` names, its parts are ordered too: the retriever's model (its top modules) below
+``training/`` and ``data/``, which do not import each other; in serving, ``processes`` below the vLLM server
+(``llm/``) and PostgreSQL (``db/``), which do not import each other, below the pipelines and indexing at serving's top.
+
 And the rooms stay small: no module has more than ``MAX_MODULE_LINES`` lines, and no function or method more than
 ``MAX_FUNCTION_LINES``, counted from its ``def`` line to its last line (decorators not counted, its docstring and
-comments counted).
+comments counted). No folder holds more than ``MAX_FOLDER_MODULES`` modules, and fewer than ``MAX_SHARED_PREFIX``
+modules of one folder share a prefix up to an underscore: past that, the prefix is a folder waiting to be made.
 """
 
 from __future__ import annotations
@@ -24,9 +29,18 @@ PACKAGE = "rag_mag"
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / PACKAGE
 # above the root, low to high
 LAYERS = ["metrics", "retriever", "components", "reader", "serving", "bench", "adapt", "demo", "cli"]
+# Inside a layer, its parts low to high (a set: parts of one rank). A part is a sub-package or a module at the
+# layer's top; "." stands for the layer's other top modules. A module may import its own part and lower ones, never a
+# higher one nor another part of its rank.
+PARTS = {
+    "retriever": [{"."}, {"data", "training"}],
+    "serving": [{"processes"}, {"db", "llm"}, {"."}],
+}
 MAX_ROOT_FILES = 8
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+MAX_FOLDER_MODULES = 20
+MAX_SHARED_PREFIX = 4
 
 
 def module_name(path: Path) -> str:
@@ -53,6 +67,37 @@ def layer_of(module: str) -> int:
 
 def layer_name(layer: int) -> str:
     return "root" if layer == 0 else LAYERS[layer - 1]
+
+
+def part_of(module: str) -> tuple[str, str] | None:
+    """``(layer, part)`` of a module in a layer that ``PARTS`` names, else None.
+
+    ``rag_mag.retriever.training.trainer`` -> ``("retriever", "training")``; ``rag_mag.retriever.encoder`` and the
+    package ``rag_mag.retriever`` itself -> ``("retriever", ".")``."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in PARTS:
+        return None
+    named = set().union(*PARTS[parts[1]])
+    return parts[1], parts[2] if len(parts) > 2 and parts[2] in named else "."
+
+
+def part_rank(layer: str, part: str) -> int:
+    return next(rank for rank, parts in enumerate(PARTS[layer]) if part in parts)
+
+
+def part_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Imports inside a layer of ``PARTS`` that point up its parts or across parts of one rank."""
+    violations = []
+    for module, targets in graph.items():
+        for target, line in sorted(targets.items()):
+            source, destination = part_of(module), part_of(target)
+            if source is None or destination is None or source[0] != destination[0] or source == destination:
+                continue
+            layer = source[0]
+            if part_rank(layer, destination[1]) >= part_rank(layer, source[1]):
+                violations.append(f"{module} ({layer}: {source[1]}) imports {target} ({layer}: {destination[1]}) "
+                                  f"at line {line}")
+    return violations
 
 
 def imported_modules(module: str, path: Path, known: set[str]) -> dict[str, int]:
@@ -158,6 +203,25 @@ def test_the_import_graph_has_no_cycle():
         f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:], strict=False)) + f" -> {cycle[-1]}"
 
 
+def test_inside_a_layer_imports_point_down_its_parts():
+    violations = part_violations(import_graph())
+    assert not violations, "imports against the order of a layer's parts (" + "; ".join(
+        f"{layer}: " + " < ".join("/".join(sorted(rank)) for rank in ranks) for layer, ranks in PARTS.items()) + \
+        "):\n" + "\n".join(violations)
+
+
+def test_every_sub_package_of_an_ordered_layer_is_a_part():
+    for layer, ranks in PARTS.items():
+        folder = PACKAGE_DIR / layer
+        sub_packages = {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+        top_modules = {p.stem for p in folder.glob("*.py")}
+        named = set().union(*ranks) - {"."}
+        assert sub_packages <= named, f"rag_mag/{layer}/ has sub-packages {sorted(sub_packages - named)} that " \
+            f"PARTS[{layer!r}] does not order; add them"
+        missing = sorted(named - sub_packages - top_modules)
+        assert not missing, f"PARTS[{layer!r}] names {missing}, which rag_mag/{layer}/ does not hold"
+
+
 def test_the_package_root_stays_small():
     root_files = sorted(path.name for path in PACKAGE_DIR.glob("*.py"))
     assert len(root_files) <= MAX_ROOT_FILES, (
@@ -227,6 +291,27 @@ def test_a_sub_package_is_in_the_layer_of_its_first_folder():
     assert layer_of("rag_mag.serving.pipelines") < bench < layer_of("rag_mag.adapt.run")
 
 
+def test_orders_the_parts_of_a_layer():
+    graph = {
+        "rag_mag.retriever.encoder": {"rag_mag.retriever.strategies": 1, "rag_mag.retriever.training.config": 2},
+        "rag_mag.retriever.training.trainer": {"rag_mag.retriever.encoder": 1, "rag_mag.retriever.data.mining": 3},
+        "rag_mag.retriever.data.mining": {"rag_mag.retriever.bm25": 1, "rag_mag.retriever.data.spec": 2},
+        "rag_mag.serving.pipelines": {"rag_mag.serving.llm.preflight": 1, "rag_mag.serving.files": 2},
+        "rag_mag.serving.db.postgres": {"rag_mag.serving.processes": 1, "rag_mag.serving.llm.records": 4},
+        "rag_mag.serving.processes": {"rag_mag.serving.llm.settings": 5},
+        "rag_mag.cli.train": {"rag_mag.retriever.training.trainer": 1},
+    }
+    assert part_violations(graph) == [
+        "rag_mag.retriever.encoder (retriever: .) imports rag_mag.retriever.training.config (retriever: training) "
+        "at line 2",
+        "rag_mag.retriever.training.trainer (retriever: training) imports rag_mag.retriever.data.mining "
+        "(retriever: data) at line 3",
+        "rag_mag.serving.db.postgres (serving: db) imports rag_mag.serving.llm.records (serving: llm) at line 4",
+        "rag_mag.serving.processes (serving: processes) imports rag_mag.serving.llm.settings (serving: llm) at line 5",
+    ]
+    assert layer_of("rag_mag.retriever.training.trainer") == layer_of("rag_mag.retriever.encoder")
+
+
 @pytest.mark.parametrize(("graph", "expected"), [
     ({"a": {"b": 1}, "b": {"c": 1}, "c": {}}, None),
     ({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}}, ["a", "b", "c", "a"]),
@@ -234,3 +319,19 @@ def test_a_sub_package_is_in_the_layer_of_its_first_folder():
 ])
 def test_find_cycle(graph, expected):
     assert find_cycle(graph) == expected
+
+
+def test_folders_stay_small_and_name_what_they_hold():
+    problems = []
+    for folder in sorted({path.parent for path in PACKAGE_DIR.rglob("*.py")}):
+        modules = sorted(path.stem for path in folder.glob("*.py"))
+        where = folder.relative_to(PACKAGE_DIR.parent)
+        if len(modules) > MAX_FOLDER_MODULES:
+            problems.append(f"{where}/ holds {len(modules)} modules (at most {MAX_FOLDER_MODULES}): split it")
+        prefixes: dict[str, list[str]] = {}
+        for name in modules:
+            if "_" in name.strip("_"):
+                prefixes.setdefault(name.strip("_").split("_")[0], []).append(name)
+        problems += [f"{where}/: {', '.join(names)} share the prefix {prefix}_; make {where}/{prefix}/"
+                     for prefix, names in sorted(prefixes.items()) if len(names) >= MAX_SHARED_PREFIX]
+    assert not problems, "\n".join(problems)

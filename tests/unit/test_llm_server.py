@@ -20,7 +20,13 @@ from haystack_integrations.components.generators.vllm import VLLMChatGenerator
 
 from rag_mag.cli.main import main
 from rag_mag.errors import ConfigError, ServerNotRunningError
-from rag_mag.serving import gguf_convert, llm_preflight, llm_readers, llm_records, llm_server, llm_settings
+from rag_mag.serving import processes
+from rag_mag.serving.llm import gguf_convert
+from rag_mag.serving.llm import preflight as llm_preflight
+from rag_mag.serving.llm import readers as llm_readers
+from rag_mag.serving.llm import records as llm_records
+from rag_mag.serving.llm import server as llm_server
+from rag_mag.serving.llm import settings as llm_settings
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +39,7 @@ def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def closed_port() -> int:
-    return llm_records.find_free_port()  # nothing listens there once the probe socket is closed
+    return processes.find_free_port()  # nothing listens there once the probe socket is closed
 
 
 # ---------------------------------------------------------------------------------------------- URLs
@@ -225,7 +231,7 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
         stopped = llm_server.stop_server(8123, grace=5.0)
         assert stopped is not None and stopped.pid == process.pid
         assert process.poll() is not None
-        assert not llm_records.process_alive(child_pid)
+        assert not processes.process_alive(child_pid)
         assert not llm_records.pid_path(8123).exists()
     finally:
         if process.poll() is None:
@@ -356,7 +362,7 @@ def test_detached_start_reuse_and_stop(model_dir: Path, tmp_path: Path) -> None:
     finally:
         stopped = llm_server.stop_server(port, grace=5.0)
     assert stopped is not None and stopped.pid == record.pid
-    assert not llm_records.process_alive(record.pid)
+    assert not processes.process_alive(record.pid)
     with pytest.raises(ServerNotRunningError):
         llm_preflight.check_server(record.api_base_url, timeout=1.0)
 

@@ -4,7 +4,7 @@ import json
 
 from rag_mag.cli.main import main
 from rag_mag.data import EvalRecord, Passage, QAPair, write_jsonl
-from rag_mag.retriever.mining import evaluation_keys, mine_triples
+from rag_mag.retriever.data.mining import evaluation_keys, mine_triples
 
 CORPUS = [
     Passage("p1", "Paris", "Paris is the capital and largest city of France."),

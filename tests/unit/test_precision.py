@@ -53,7 +53,7 @@ def test_on_a_gpu_vllm_keeps_the_models_dtype():
 
 
 def test_the_vllm_command_carries_the_chosen_dtype(monkeypatch):
-    from rag_mag.serving import llm_server
+    from rag_mag.serving.llm import server as llm_server
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a, **k: False)
     monkeypatch.setattr(precision, "has_nvidia_gpu", lambda: False)
@@ -77,7 +77,7 @@ def test_devices_are_validated_and_cuda_without_a_gpu_is_a_clear_error(monkeypat
 
 
 def test_training_config_refuses_the_old_bf16_field_with_the_new_name():
-    from rag_mag.retriever.config import TrainConfig, make_config
+    from rag_mag.retriever.training.config import TrainConfig, make_config
 
     with pytest.raises(ConfigError, match="replaced by precision"):
         make_config(TrainConfig, {"bf16": True})

@@ -17,7 +17,7 @@ from rag_mag.errors import ConfigError
 from rag_mag.reader.config import ReaderConfig
 from rag_mag.reader.examples import ReaderExample
 from rag_mag.reader.prompts import read_reply
-from rag_mag.retriever.config import make_config
+from rag_mag.retriever.training.config import make_config
 
 
 @pytest.mark.parametrize("reply, parsed", [

@@ -17,7 +17,7 @@ from rag_mag.data import Passage
 from rag_mag.errors import CheckpointError, ConfigError
 from rag_mag.reader.config import ReaderConfig
 from rag_mag.reader.examples import ExampleStats, Question, answer_target, build_examples, split_questions
-from rag_mag.retriever.config import make_config
+from rag_mag.retriever.training.config import make_config
 from rag_mag.serving.pipelines import PIPELINES_DIR
 
 # The answer template the pipelines carried inline before AnswerPromptBuilder became its one home.

@@ -8,11 +8,11 @@ import torch
 
 from rag_mag.data import write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.interpolate import interpolate
-from rag_mag.retriever.recipes import freeze_below_top_layers, layer_index, ranking_divergence
-from rag_mag.retriever.trainer import Trainer
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.recipes import freeze_below_top_layers, layer_index, ranking_divergence
+from rag_mag.retriever.training.trainer import Trainer
 from tests.tiny import capital_triples, tiny_encoder
 
 

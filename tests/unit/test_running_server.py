@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rag_mag.errors import ServerNotRunningError
-from rag_mag.serving import llm_records, llm_server
+from rag_mag.serving.llm import records as llm_records
+from rag_mag.serving.llm import server as llm_server
 
 URL = "http://127.0.0.1:8123/v1"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rag_mag.retriever.selection import paired_standard_error, within_one_standard_error
+from rag_mag.retriever.training.selection import paired_standard_error, within_one_standard_error
 
 
 def test_a_later_best_within_noise_loses_to_the_earlier_checkpoint():

@@ -7,15 +7,15 @@ import torch
 
 from rag_mag.data import Passage, write_jsonl
 from rag_mag.errors import CheckpointError, ConfigError, DataError, TrainingError
-from rag_mag.retriever import trainer as trainer_module
-from rag_mag.retriever import validation as validation_module
-from rag_mag.retriever.batches import load_training_data
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.loss import InfoNCELoss
-from rag_mag.retriever.optimizer import build_optimizer
-from rag_mag.retriever.trainer import Trainer
-from rag_mag.retriever.training_log import watch_collapse
+from rag_mag.retriever.training import trainer as trainer_module
+from rag_mag.retriever.training import validation as validation_module
+from rag_mag.retriever.training.batches import load_training_data
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.log import watch_collapse
+from rag_mag.retriever.training.optimizer import build_optimizer
+from rag_mag.retriever.training.trainer import Trainer
 from tests.tiny import capital_triples, tiny_encoder
 
 
@@ -180,7 +180,7 @@ def test_bad_training_file_names_file_and_line(setup, tmp_path):
 
 
 def test_best_is_the_checkpoint_the_one_se_rule_chooses_and_only_its_band_is_kept(setup, tmp_path):
-    from rag_mag.retriever.selection import within_one_standard_error
+    from rag_mag.retriever.training.selection import within_one_standard_error
 
     result = Trainer(setup(steps=12, eval_every=3, save_every=3)).train()
     state = json.loads((result.last_dir / "trainer_state.json").read_text())

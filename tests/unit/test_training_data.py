@@ -10,9 +10,9 @@ import pytest
 from rag_mag.data import Passage
 from rag_mag.errors import ConfigError
 from rag_mag.metrics.answers import contains_answer
-from rag_mag.retriever.linked_positives import linked_positives
-from rag_mag.retriever.training_data import AnswerFrequency, answer_problem, build_training_data
-from rag_mag.retriever.training_data_spec import DataSpec, SourceSpec, load_data_spec
+from rag_mag.retriever.data.build import AnswerFrequency, answer_problem, build_training_data
+from rag_mag.retriever.data.linked_positives import linked_positives
+from rag_mag.retriever.data.spec import DataSpec, SourceSpec, load_data_spec
 
 
 def write(path: Path, rows: list[dict]) -> str:
@@ -150,7 +150,7 @@ def test_dense_negatives_replace_lexical_ones_in_training_rows_only(files, tmp_p
 
 @pytest.mark.parametrize(("precision", "bf16"), [("fp32", False), ("bf16", True)])
 def test_the_dense_miner_encodes_in_the_specs_precision(files, monkeypatch, precision: str, bf16: bool):
-    from rag_mag.retriever import negative_miners
+    from rag_mag.retriever.data import negative_miners
 
     seen = []
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from rag_mag.errors import ConfigError
 from rag_mag.models import REPO_ROOT
-from rag_mag.retriever.config import TrainConfig, make_config, read_config_file
 from rag_mag.retriever.strategies import Strategy
+from rag_mag.retriever.training.config import TrainConfig, make_config, read_config_file
 
 
 @dataclass

@@ -56,7 +56,7 @@ class CheckpointMeter:
 
     config: CrossoverConfig
     spec: RunSpec
-    trainer: Any                  # rag_mag.retriever.trainer.Trainer
+    trainer: Any                  # rag_mag.retriever.training.trainer.Trainer
     run_dir: Path
     tests: list[EvalDataset]
     validation: list

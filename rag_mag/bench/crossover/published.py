@@ -57,7 +57,7 @@ def measure_published(store: CrossoverStore, spec: RunSpec, run_dir: Path, tests
     """
     from rag_mag.precision import use_bf16
     from rag_mag.retriever.encoder import MagnitudeEncoder
-    from rag_mag.retriever.validation import validation_scores
+    from rag_mag.retriever.training.validation import validation_scores
 
     cell = store.cell(spec.label)
     step = cell["selected_step"]
@@ -92,7 +92,7 @@ def rebuild_checkpoint(store: CrossoverStore, spec: RunSpec, key: str, train_fil
     own training log (to the selected step). Otherwise nothing is published.
     """
     from rag_mag.precision import resolve_device, use_bf16
-    from rag_mag.retriever.trainer import Trainer
+    from rag_mag.retriever.training.trainer import Trainer
 
     cell = store.cell(spec.label)
     step = cell.get("selected_step")

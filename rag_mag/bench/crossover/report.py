@@ -229,7 +229,7 @@ def _published(cells: Sequence[Mapping], datasets: Sequence[str]) -> list[str]:
     return ["## Published checkpoints (main runs)", "",
             "`best/` of each main run, the checkpoint `rag-mag bench` scores. `one_se`: the earliest validated "
             "checkpoint whose validation nDCG@10 is within one paired standard error of the best one, the "
-            "untrained step 0 included (`rag_mag/retriever/selection.py`); `max`: the highest validation "
+            "untrained step 0 included (`rag_mag/retriever/training/selection.py`); `max`: the highest validation "
             "nDCG@10 (the rule before it). The trainer validates every 100 steps; a step between the curve's "
             "checkpoints is measured after its run (`published` in its cell).", "",
             *_table(["run", "rule", "best/ step", "validation", *datasets], rows), ""]

@@ -123,7 +123,7 @@ class CrossoverRunner:
     def _train_run(self, spec: RunSpec, key: str, train_file: Path, run_dir: Path, tests: list[EvalDataset],
                    validation: list) -> None:
         """Train one run, measuring its checkpoints as it goes, then write its cell and publish its best/."""
-        from rag_mag.retriever.trainer import Trainer
+        from rag_mag.retriever.training.trainer import Trainer
 
         trainer = Trainer(self.config.train_config(spec, train_file, run_dir))
         # the run's clock goes on from where its earlier processes stopped (or were last measured, after a kill)

@@ -18,7 +18,7 @@ from rag_mag.data import iter_jsonl, write_jsonl
 from rag_mag.errors import ConfigError
 from rag_mag.models import artifacts_dir
 from rag_mag.precision import cpu_kind
-from rag_mag.retriever.config import TrainConfig
+from rag_mag.retriever.training.config import TrainConfig
 
 CELL_FORMAT = 1
 # Settings that change how fast a run goes on this machine, not what it learns: not part of a cell's key.

@@ -1,16 +1,15 @@
-"""The pid files of detached vLLM servers and the checks behind `status`: records, live processes, ports, logs."""
+"""The pid files of detached vLLM servers and the check behind `status`: is a recorded process still vLLM."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rag_mag import durable
-from rag_mag.serving.llm_settings import DEFAULT_HOST, DEFAULT_PORT, SERVER_MODULE, api_base_url_for, state_dir
+from rag_mag.serving.llm.settings import DEFAULT_PORT, SERVER_MODULE, api_base_url_for, state_dir
+from rag_mag.serving.processes import process_alive
 
 logger = logging.getLogger(__name__)
 
@@ -63,28 +62,6 @@ def remove_record(port: int) -> None:
     pid_path(port).unlink(missing_ok=True)
 
 
-def process_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as dead; a zombie child of ours is reaped)."""
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child: its parent reaps it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by someone else
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        try:
-            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except (OSError, IndexError):
-            return False  # vanished while reading
-    return True
-
-
 def is_vllm_process(pid: int) -> bool:
     """Guards against a recycled pid: the command line must be the vLLM server's (assumed where /proc lacks)."""
     cmdline = Path(f"/proc/{pid}/cmdline")
@@ -106,28 +83,3 @@ def server_status(port: int = DEFAULT_PORT) -> ServerRecord | None:
     logger.info("removing stale pid file %s (process %d is gone)", pid_path(port), record.pid)
     remove_record(port)
     return None
-
-
-def port_in_use(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def find_free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def log_tail(path: Path | str, lines: int = 30) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except FileNotFoundError:
-        return "(no log file)"
-    return "\n".join(text.splitlines()[-lines:])

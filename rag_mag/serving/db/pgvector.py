@@ -28,7 +28,7 @@ import numpy as np
 from rag_mag import durable
 from rag_mag.components.document_embedder import CHECKPOINT_KEY, STRATEGY_KEY
 from rag_mag.errors import CheckpointError, ConfigError, DiskFullError, ServerNotRunningError
-from rag_mag.serving import postgres
+from rag_mag.serving.db import postgres
 
 logger = logging.getLogger(__name__)
 

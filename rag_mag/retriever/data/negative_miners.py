@@ -9,7 +9,7 @@ from pathlib import Path
 from rag_mag.data import Passage, read_corpus
 from rag_mag.metrics.answers import contains_answer
 from rag_mag.precision import use_bf16
-from rag_mag.retriever.training_data_spec import DataSpec, SourceStats
+from rag_mag.retriever.data.spec import DataSpec, SourceStats
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from rag_mag.data import Passage, Triple
 from rag_mag.errors import CheckpointError
 from rag_mag.metrics.retrieval import judge_supporting, score_retrieval
 from rag_mag.retriever.encoder import MagnitudeEncoder
-from rag_mag.retriever.selection import within_one_standard_error
+from rag_mag.retriever.training.selection import within_one_standard_error
 
 
 @torch.inference_mode()

@@ -9,12 +9,12 @@ import torch
 
 from rag_mag.data import Passage, Triple, read_triples
 from rag_mag.errors import DataError
-from rag_mag.retriever.config import TrainConfig
-from rag_mag.retriever.distributed import ProcessGroup, shard_bounds
 from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.distributed import ProcessGroup, shard_bounds
 
 # training's messages keep the trainer's logger name, wherever in the family they are written
-logger = logging.getLogger("rag_mag.retriever.trainer")
+logger = logging.getLogger("rag_mag.retriever.training.trainer")
 
 # one example of a batch: the triple, the positive drawn for it, and the hard negatives drawn for it
 Example = tuple[Triple, Passage, list[Passage]]

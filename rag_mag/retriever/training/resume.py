@@ -9,12 +9,12 @@ from pathlib import Path
 
 from rag_mag import durable
 from rag_mag.errors import CheckpointError
-from rag_mag.retriever.config import TrainConfig
-from rag_mag.retriever.distributed import ProcessGroup
-from rag_mag.retriever.train_checkpoint import STATE_NAME, missing_parts
+from rag_mag.retriever.training.checkpoint import STATE_NAME, missing_parts
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.distributed import ProcessGroup
 
 # training's messages keep the trainer's logger name, wherever in the family they are written
-logger = logging.getLogger("rag_mag.retriever.trainer")
+logger = logging.getLogger("rag_mag.retriever.training.trainer")
 
 # Settings that may change between a run and its resumption (how long and how it runs, not what it learns);
 # the data files are compared by content (sha256), not by path.

@@ -31,7 +31,7 @@ Every question of every ``exclude`` evaluation set is dropped from all sources, 
 question text. The validation split is drawn
 from gold sources only (mined positives are noisy judges) and is the same for every source mix.
 
-The spec lives in ``training_data_spec``, the negative miners in ``negative_miners``, the linked-positives
+The spec lives in ``spec``, the negative miners in ``negative_miners``, the linked-positives
 rule in ``linked_positives``; this module mines the positives, builds, splits and writes.
 """
 
@@ -52,9 +52,9 @@ from typing import Any
 from rag_mag import durable, stopping
 from rag_mag.data import Passage, read_corpus, read_eval, read_pairs, read_triples, write_jsonl
 from rag_mag.metrics.answers import contains_answer, normalize_answer
-from rag_mag.retriever.linked_positives import keep_linked_positives
-from rag_mag.retriever.negative_miners import BM25NegativeMiner, dense_negatives, fill_negatives
-from rag_mag.retriever.training_data_spec import DataSpec, SourceSpec, SourceStats
+from rag_mag.retriever.data.linked_positives import keep_linked_positives
+from rag_mag.retriever.data.negative_miners import BM25NegativeMiner, dense_negatives, fill_negatives
+from rag_mag.retriever.data.spec import DataSpec, SourceSpec, SourceStats
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from rag_mag.errors import CheckpointError
 from rag_mag.retriever.encoder import CONFIG_NAME, MagnitudeEncoder
 
 # training's messages keep the trainer's logger name, wherever in the family they are written
-logger = logging.getLogger("rag_mag.retriever.trainer")
+logger = logging.getLogger("rag_mag.retriever.training.trainer")
 
 STATE_NAME = "trainer_state.json"
 RNG_KEY = "rng.torch"  # rank 0's generator; rank r > 0 of a multi-process run is saved as "rng.torch.r"

@@ -11,12 +11,12 @@ import torch
 
 from rag_mag.data import Triple
 from rag_mag.errors import CheckpointError
-from rag_mag.retriever.config import TrainConfig
-from rag_mag.retriever.distributed import ProcessGroup
 from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.distributed import ProcessGroup
 
 # training's messages keep the trainer's logger name, wherever in the family they are written
-logger = logging.getLogger("rag_mag.retriever.trainer")
+logger = logging.getLogger("rag_mag.retriever.training.trainer")
 
 
 def starting_encoder(config: TrainConfig, last_dir: Path, resuming: bool, train: list[Triple], group: ProcessGroup,

@@ -5,9 +5,9 @@ The trainer knows the encoder, the loss and the data; it knows nothing of Haysta
 * ``best/``  the validated checkpoint the ``selection`` rule chooses (what users index with; ``validation.py``);
 * ``validated/step-N/``  the validated checkpoints that rule may still choose (the others are deleted);
 * ``last/``  the latest checkpoint plus ``trainer_state.json`` and ``optimizer.safetensors`` (for resuming),
-  written whole into a staging folder and swapped in (``train_checkpoint.py``); a run resumes from it only
+  written whole into a staging folder and swapped in (``checkpoint.py``); a run resumes from it only
   when it is complete and was written with the same data and settings (``resume.py``);
-* ``train_log.jsonl``  one JSON line per logged step and per validation (``training_log.py``).
+* ``train_log.jsonl``  one JSON line per logged step and per validation (``log.py``).
 
 Under ``torchrun --nproc_per_node N`` the same run is spread over N processes (``distributed.py``):
 ``batch_size`` is the global batch, every process embeds its contiguous slice of it, the embeddings of all
@@ -32,14 +32,22 @@ from rag_mag import stopping
 from rag_mag.data import Triple, read_corpus
 from rag_mag.errors import ConfigError, TrainingError
 from rag_mag.precision import autocast, describe, use_bf16
-from rag_mag.retriever.batches import embed_shard, false_negative_mask, gather_batch, load_training_data, make_batch
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.diagnostics import norm_statistics
-from rag_mag.retriever.distributed import ProcessGroup
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.loss import InfoNCELoss
-from rag_mag.retriever.optimizer import build_optimizer, resume_schedule
-from rag_mag.retriever.recipes import (
+from rag_mag.retriever.training.batches import (
+    embed_shard,
+    false_negative_mask,
+    gather_batch,
+    load_training_data,
+    make_batch,
+)
+from rag_mag.retriever.training.checkpoint import RANK_SEED_STRIDE, load_last, save_last
+from rag_mag.retriever.training.config import TrainConfig
+from rag_mag.retriever.training.distributed import ProcessGroup
+from rag_mag.retriever.training.log import mean_pairwise_cosine, rewind_log, watch_collapse, write_record
+from rag_mag.retriever.training.optimizer import build_optimizer, resume_schedule
+from rag_mag.retriever.training.recipes import (
     base_transformer,
     freeze_below_top_layers,
     frozen_start,
@@ -48,11 +56,9 @@ from rag_mag.retriever.recipes import (
     starting_weights,
     wise_view,
 )
-from rag_mag.retriever.resume import data_fingerprint, should_resume
-from rag_mag.retriever.train_checkpoint import RANK_SEED_STRIDE, load_last, save_last
-from rag_mag.retriever.train_start import starting_encoder
-from rag_mag.retriever.training_log import mean_pairwise_cosine, rewind_log, watch_collapse, write_record
-from rag_mag.retriever.validation import keep_highest, keep_within_one_standard_error, validation_scores
+from rag_mag.retriever.training.resume import data_fingerprint, should_resume
+from rag_mag.retriever.training.start import starting_encoder
+from rag_mag.retriever.training.validation import keep_highest, keep_within_one_standard_error, validation_scores
 
 logger = logging.getLogger(__name__)
 
@@ -354,7 +360,7 @@ class Trainer:
 
     def _save_last(self, encoder: MagnitudeEncoder, optimizer: torch.optim.Optimizer, step: int,
                    best_metrics: dict, rng_states: list[torch.Tensor], finished: bool = True) -> None:
-        """``last/`` at ``step`` (``train_checkpoint.save_last``); ``finished`` is False when an interrupt came
+        """``last/`` at ``step`` (``checkpoint.save_last``); ``finished`` is False when an interrupt came
         inside the step's hook or validation (``_finish_step``)."""
         progress = {"step": step, "step_finished": finished, "world_size": self.group.world_size,
                     "best_metrics": best_metrics, "candidates": self.candidates}

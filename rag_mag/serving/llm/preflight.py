@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rag_mag.errors import ConfigError, ServerNotRunningError
-from rag_mag.serving.llm_settings import START_HINT, URL_ENV, default_api_base_url, normalize_api_base_url, start_hint
+from rag_mag.serving.llm.settings import START_HINT, URL_ENV, default_api_base_url, normalize_api_base_url, start_hint
 
 
 def check_server(api_base_url: str | None = None, *, model: str | None = None, timeout: float = 3.0,

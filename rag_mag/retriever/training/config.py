@@ -19,8 +19,8 @@ import yaml
 
 from rag_mag.errors import ConfigError
 from rag_mag.precision import parse_device, parse_precision
-from rag_mag.retriever.selection import RULES
 from rag_mag.retriever.strategies import Strategy
+from rag_mag.retriever.training.selection import RULES
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" mirrors argparse

@@ -13,8 +13,8 @@ from rag_mag.models import (
     shipped_reader_adapter,
     shipped_writer_adapter,
 )
-from rag_mag.serving.gguf_convert import convert_gguf, is_converted
-from rag_mag.serving.llm_settings import BASE_SERVED_MODEL_NAME, DEFAULT_SERVED_MODEL_NAME, WRITER_SERVED_MODEL_NAME
+from rag_mag.serving.llm.gguf_convert import convert_gguf, is_converted
+from rag_mag.serving.llm.settings import BASE_SERVED_MODEL_NAME, DEFAULT_SERVED_MODEL_NAME, WRITER_SERVED_MODEL_NAME
 
 PACKAGED = (DEFAULT_SERVED_MODEL_NAME, BASE_SERVED_MODEL_NAME, WRITER_SERVED_MODEL_NAME)
 

@@ -12,7 +12,7 @@ from rag_mag import durable
 from rag_mag.retriever.encoder import MagnitudeEncoder
 
 # training's messages keep the trainer's logger name, wherever in the family they are written
-logger = logging.getLogger("rag_mag.retriever.trainer")
+logger = logging.getLogger("rag_mag.retriever.training.trainer")
 
 # Below this coefficient of variation a raw side carries (almost) no magnitude signal.
 COLLAPSE_CV = 1e-3

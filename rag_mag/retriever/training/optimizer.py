@@ -7,8 +7,8 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from rag_mag.retriever.config import TrainConfig
 from rag_mag.retriever.encoder import MagnitudeEncoder
+from rag_mag.retriever.training.config import TrainConfig
 
 
 def build_optimizer(encoder: MagnitudeEncoder, config: TrainConfig) -> tuple[torch.optim.Optimizer, LambdaLR]:
