@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,26 @@ def test_searches_of_one_store_run_one_at_a_time_across_the_benchmarks_threads(m
         list(pool.map(lambda i: stores[0]._embedding_retrieval([0.0]) if i % 2 else stores[0]._keyword_retrieval("q"),
                       range(16)))
     assert most[0] == 1
+
+
+@pytest.mark.parametrize("before", [None, "postgresql://u:p@127.0.0.1:9/given"])
+def test_a_server_started_for_a_block_leaves_the_url_as_it_was(monkeypatch, before):
+    """``connect_url`` exports the URL it used; once ``using_server`` has stopped the server it started, that URL
+    points at nothing, and a later command of the same process took it for a running server."""
+    from rag_mag.serving.db import pgvector, postgres
+
+    if before is None:
+        monkeypatch.delenv(postgres.URL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(postgres.URL_ENV, before)
+    started_url, stopped = "postgresql://ragmag:secret@127.0.0.1:5433/ragmag", []
+
+    def connect_url(url=None):
+        os.environ[postgres.URL_ENV] = started_url
+        return started_url, True
+
+    monkeypatch.setattr(pgvector, "connect_url", connect_url)
+    monkeypatch.setattr(postgres, "stop", lambda: stopped.append(True))
+    with pgvector.using_server() as url:
+        assert url == os.environ[postgres.URL_ENV] == started_url
+    assert stopped == [True] and os.environ.get(postgres.URL_ENV) == before

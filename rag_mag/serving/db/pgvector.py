@@ -120,13 +120,20 @@ def check_connection(url: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
 
 @contextlib.contextmanager
 def using_server(url: str | None = None) -> Iterator[str]:
-    """The URL for a command's pipelines; a server started here is stopped when the block ends."""
+    """The URL for a command's pipelines; a server started here is stopped when the block ends, and
+    ``$RAG_MAG_PG_URL`` is put back as it was, so that a later command of the same process does not take the
+    stopped server's URL for a running one."""
+    before = os.environ.get(postgres.URL_ENV)
     url, started = connect_url(url)
     try:
         yield url
     finally:
         if started:
             postgres.stop()
+            if before is None:
+                os.environ.pop(postgres.URL_ENV, None)
+            else:
+                os.environ[postgres.URL_ENV] = before
 
 
 @contextlib.contextmanager
