@@ -278,6 +278,20 @@ def replace_dir(staging: Path, target: Path, fault_prefix: str = "replace") -> N
     shutil.rmtree(backup, ignore_errors=True)
 
 
+def copy_dir(source: str | os.PathLike, target: str | os.PathLike, what: str) -> None:
+    """Replace ``target`` with a synced copy of the folder ``source``, swapped in whole; a full disk is one line
+    naming ``what``, and the previous ``target`` stays as it was."""
+    target = Path(target)
+    staging = staging_dir(target)
+    try:
+        with disk_full_as_error(target, what):
+            shutil.copytree(source, staging, dirs_exist_ok=True)
+            sync_tree(staging)
+            replace_dir(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def leftovers(target: Path) -> list[Path]:
     """Staging folders of ``target`` left by a killed writer (new ``.NAME.staging-*`` and old
     ``.NAME.XXXXXXXX`` names) and its moved-aside backup ``.NAME.old``."""

@@ -201,14 +201,7 @@ def publish(decision: Decision, runs_dir: Path, target: Path) -> Path | None:
     if target.is_dir() and (target / "rag_mag.json").is_file() and checkpoint_digest(target) == checkpoint_digest(best):
         logger.info("publish: %s already holds %s's best checkpoint", target, decision.published)
         return target
-    staging = durable.staging_dir(target)
-    try:
-        with durable.disk_full_as_error(target, f"the retriever {target}"):
-            shutil.copytree(best, staging, dirs_exist_ok=True)
-            durable.sync_tree(staging)
-            durable.replace_dir(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    durable.copy_dir(best, target, f"the retriever {target}")
     logger.info("publish: %s's best checkpoint copied to %s", decision.published, target)
     return target
 

@@ -77,13 +77,6 @@ def keep_within_one_standard_error(encoder: MagnitudeEncoder, step: int, metrics
     if not chosen_dir.is_dir():  # resumed from a checkpoint written before validated/ existed
         raise CheckpointError(f"{chosen_dir} is missing, so best/ cannot be set to step {chosen}; pass "
                               "--no-resume to start over, or --selection max")
-    staging = durable.staging_dir(best_dir)
-    try:
-        with durable.disk_full_as_error(best_dir, f"the checkpoint {best_dir}"):
-            shutil.copytree(chosen_dir, staging, dirs_exist_ok=True)
-            durable.sync_tree(staging)
-            durable.replace_dir(staging, best_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    durable.copy_dir(chosen_dir, best_dir, f"the checkpoint {best_dir}")
     log({"step": step, "validation": metrics, "best": chosen == step, "chosen": chosen, "band": band})
     return {**candidates[str(chosen)]["metrics"], "step": chosen}, kept
