@@ -3,26 +3,21 @@
 * ``atomic_write(path)`` / ``write_bytes`` / ``write_text``: a temporary file in the same folder, flushed and
   fsynced, renamed over ``path``, then the folder fsynced, so a crash or power loss leaves either the old
   file or the new one, never an empty or half-written one.
-* ``staging_dir(target)`` + ``sync_tree(folder)`` + ``replace_dir(staging, target)``: a folder written
-  complete beside its target, fsynced, then swapped in. On Linux the swap is one ``renameat2(RENAME_EXCHANGE)``,
-  so there is no moment without a target; elsewhere the old target is renamed aside first and
-  ``recover_dir`` puts it back if the process died between the two renames.
-* ``recover_dir(target)``: run before reading or writing a folder; removes staging folders left by a killed
-  writer and restores a target that was moved aside but not replaced.
-* ``ensure_free_space(path, needed, what)`` before a large write, ``allocate(path, size, what)`` for a file that is
-  written through a memory map, and ``disk_full_as_error(path, what)`` around a write: a full disk is refused
-  with one ``DiskFullError`` line (bytes needed, bytes free, the path), never a SIGBUS or a library's
-  traceback; ``atomic_write`` and ``append_line`` translate it themselves.
+* ``staging_dir(target)`` + ``sync_tree(folder)`` + ``replace_dir(staging, target)`` (``copy_dir`` for a copy):
+  a folder written complete beside its target, fsynced, then swapped in, on Linux by one
+  ``renameat2(RENAME_EXCHANGE)``; elsewhere the old target is renamed aside first, and ``recover_dir(target)``
+  (run before reading or writing a folder) puts it back, and removes staging folders left by a killed writer.
+* ``ensure_free_space(path, needed, what)`` before a large write, ``allocate(path, size, what)`` for a memory-mapped
+  file, ``disk_full_as_error(path, what)`` around a write: a full disk is one ``DiskFullError`` line (bytes needed
+  and free, the path), never a SIGBUS or a traceback; ``atomic_write`` and ``append_line`` translate it themselves.
 * ``job_lock(lock_path(target), what)``: "this output is mine". An advisory flock beside the output, holding
   the holder's PID and command line; a second writer is refused at once with them. The kernel drops a flock
-  when its holder dies, so a lock left by a killed run is no lock. ``file_lock(path)`` waits instead (the
-  index merge).
+  when its holder dies, so a killed run leaves no lock. ``file_lock(path)`` waits instead (the index merge).
 * An output that cannot be written at all (read-only filesystem, permission denied, a file where a folder
   goes) is one ``OutputNotWritableError`` line (``writable.py``): ``job_lock`` checks before any model loads,
   ``atomic_write`` and ``staging_dir`` translate such an error met later.
-* ``fault_point(name)``: with ``RAG_MAG_KILL_AT=name`` (or ``name#N`` for the N-th time) in the environment,
-  the process sends itself SIGKILL (or ``$RAG_MAG_FAULT_SIGNAL``, e.g. SIGTERM) there, so that the fault suite
-  hits a save in every phase deterministically instead of racing a timer.
+* ``fault_point(name)``: with ``RAG_MAG_KILL_AT=name`` (``name#N``: the N-th time) set, the process sends itself
+  SIGKILL (or ``$RAG_MAG_FAULT_SIGNAL``) there: the fault suite hits every phase of a save, racing no timer.
 """
 
 from __future__ import annotations
@@ -279,15 +274,13 @@ def replace_dir(staging: Path, target: Path, fault_prefix: str = "replace") -> N
 
 
 def copy_dir(source: str | os.PathLike, target: str | os.PathLike, what: str) -> None:
-    """Replace ``target`` with a synced copy of the folder ``source``, swapped in whole; a full disk is one line
-    naming ``what``, and the previous ``target`` stays as it was."""
-    target = Path(target)
+    """Replace ``target`` by a synced copy of ``source``, swapped in whole (a full disk: one line naming ``what``)."""
     staging = staging_dir(target)
     try:
         with disk_full_as_error(target, what):
             shutil.copytree(source, staging, dirs_exist_ok=True)
             sync_tree(staging)
-            replace_dir(staging, target)
+            replace_dir(staging, Path(target))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
