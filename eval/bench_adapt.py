@@ -20,11 +20,20 @@ the last step:
 
 No setting was chosen on these questions: the commands run with their defaults. Writes
 ``eval/reports/adapt/results.json`` and prints a table.
+
+``--curve 250 500 1000 2000`` measures how the result moves with the number of synthetic pairs: one ``rag-mag
+synth --chunks`` run at the largest size, nested subsets of its asked chunks for the smaller ones (a seeded order
+of the chunk ids, so that each subset holds the smaller ones; a subset keeps the pairs of its chunks, as if synth
+had asked only those), then ``rag-mag adapt`` on each and the real questions as above. Each point resumes on
+its own (``--work/SET/curve/``) and goes to ``eval/reports/adapt/curve.json``.
+
+    .venv/bin/python eval/bench_adapt.py --datasets musique trivia_qa --curve 250 500 1000 2000
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import subprocess
@@ -122,6 +131,72 @@ def adapt_one(name: str, args: argparse.Namespace) -> dict:
             "real_questions": rows, "cpu_report_cosine": cpu_report_cosine(name), "seconds": seconds}
 
 
+def subset_pairs(full: Path, out: Path, asked: int, seed: int = 0) -> Path:
+    """A pairs folder as if synth had asked about ``asked`` of the chunks ``full`` asked about: the first ones in
+    a seeded order of their ids (so a smaller subset is inside a larger one), with their kept pairs."""
+    from rag_mag.adapt.splits import source_chunk
+    from rag_mag.data import iter_jsonl, write_jsonl
+
+    if (out / "pairs.jsonl").is_file():
+        return out
+    sampled = sorted(json.loads(line)["chunk_id"] for line in (full / "written.jsonl").read_text().splitlines()
+                     if line.strip())
+    if asked > len(sampled):
+        raise SystemExit(f"{full} asked about {len(sampled)} chunks, fewer than {asked}")
+    order = sorted(sampled, key=lambda chunk_id: hashlib.sha256(f"{seed}:{chunk_id}".encode()).hexdigest())
+    chosen = set(order[:asked])
+    pairs = [pair for _, pair in iter_jsonl(full / "pairs.jsonl") if source_chunk(pair) in chosen]
+    staging = out.with_name(out.name + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    durable.write_bytes(staging / "corpus.jsonl", (full / "corpus.jsonl").read_bytes())
+    write_jsonl(staging / "pairs.jsonl", pairs)
+    manifest = json.loads((full / "synth.json").read_text())
+    manifest["counts"] = {"sampled": asked, "kept": len(pairs)}
+    manifest["subset_of"] = {"folder": str(full), "sampled": len(sampled), "seed": seed}
+    durable.write_text(staging / "synth.json", json.dumps(manifest, indent=2) + "\n")
+    staging.rename(out)
+    return out
+
+
+def curve_one(name: str, sizes: list[int], args: argparse.Namespace) -> dict:
+    """The real questions' nDCG@10 of the base and of each adapted strategy, at each number of asked chunks."""
+    from rag_mag.adapt.chunks import base_retriever
+
+    work = args.work / name
+    dataset = load_eval_dataset(name, limit=args.questions or QUESTIONS[name])
+    corpus = Path(dataset.source.split(" + corpus ")[1])
+    base = base_retriever(work)
+    if not is_index_folder(work / "index"):
+        command(["index", "--corpus", str(corpus), "--retriever", str(base), "--out", str(work / "index")])
+    largest = work / "curve" / f"pairs_{max(sizes)}"
+    if not (largest / "pairs.jsonl").is_file():
+        command(["synth", str(work / "index"), "--out", str(largest), "--chunks", str(max(sizes))])
+    points, base_scores = {}, None
+    for size in sorted(sizes):
+        pairs = largest if size == max(sizes) else subset_pairs(largest, work / "curve" / f"pairs_{size}", size)
+        adapted = work / "curve" / f"adapt_{size}"
+        if not (adapted / "report.json").is_file():
+            command(["adapt", str(work / "index"), "--pairs", str(pairs), "--out", str(adapted), *args.adapt_args])
+        report = json.loads((adapted / "report.json").read_text())
+        systems = {f"adapted_{s}": str(adapted / "runs" / s / "best") for s in report["training"]}
+        if base_scores is None:
+            systems["base"] = str(base)
+        per_query = rank_real_questions(dataset, systems)
+        base_scores = per_query.get("base", base_scores)
+        rows = {}
+        for system, values in per_query.items():
+            if system == "base":
+                continue
+            mean = sum(values) / len(values)
+            rows[system] = {"ndcg@10": mean, "gain": mean - sum(base_scores) / len(base_scores),
+                            "p": paired_permutation_test(values, base_scores)}
+        counts = json.loads((pairs / "synth.json").read_text())["counts"]
+        points[str(size)] = {"asked": size, "kept": counts["kept"], "decision": report.get("decision"),
+                             "real_questions": rows}
+    return {"questions": len(dataset.records), "base_ndcg@10": sum(base_scores) / len(base_scores),
+            "points": points}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["musique", "trivia_qa"], choices=sorted(QUESTIONS))
@@ -131,10 +206,26 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT / "results.json")
     parser.add_argument("--adapt-args", nargs=argparse.REMAINDER, default=[],
                         help="further flags for rag-mag adapt (e.g. --steps 100)")
+    parser.add_argument("--curve", nargs="+", type=int, default=None, metavar="CHUNKS",
+                        help="measure the real questions' nDCG@10 at each of these numbers of asked chunks "
+                             "(e.g. 250 500 1000 2000; written to curve.json beside --out)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "openai"):  # a line per request
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.curve:
+        out = args.out.with_name("curve.json")
+        curve = json.loads(out.read_text()) if out.is_file() else {"sets": {}}
+        curve["machine"] = cpu_kind()
+        for name in args.datasets:
+            curve["sets"][name] = curve_one(name, args.curve, args)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            durable.write_text(out, json.dumps(curve, indent=2) + "\n")
+            for size, point in curve["sets"][name]["points"].items():
+                figures = {system: f"{row['ndcg@10']:.1f} ({row['gain']:+.1f}, p {row['p']:.3f})"
+                           for system, row in point["real_questions"].items()}
+                print(name, "asked", size, "kept", point["kept"], figures)
+        return
     results = json.loads(args.out.read_text()) if args.out.is_file() else {"sets": {}}
     results["machine"] = cpu_kind()
     for name in args.datasets:
