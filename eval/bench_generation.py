@@ -16,6 +16,8 @@ the TriviaQA aliases, and how often the two answers agree (a check that both ran
 ``VLLM_CPU_NUM_OF_RESERVED_CPU`` (the cores its CPU worker leaves to the API front end; vLLM reserves 1 by
 default, which on 2 cores leaves the model one core): each server is started, given the same prompts at
 ``--concurrency``, and stopped; printed are answers/s and the ratio of each to the first value's.
+``--eager`` compares, the same way, the server as rag-mag starts it with one started with ``--enforce-eager``
+(vLLM then skips compiling the model at start): the start's seconds against the answers/s.
 """
 
 from __future__ import annotations
@@ -119,6 +121,10 @@ def main() -> None:
     parser.add_argument("--reserved-cpus", default=None, metavar="N,M,...",
                         help="compare vLLM servers started with these VLLM_CPU_NUM_OF_RESERVED_CPU values "
                              "(the first is the baseline) instead of vLLM against transformers")
+    parser.add_argument("--eager", action="store_true",
+                        help="compare a vLLM server started as rag-mag starts it (the baseline) with one started "
+                             "with --enforce-eager (no torch.compile at start) instead of vLLM against "
+                             "transformers: the start's seconds and answers/s of each")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "haystack", "transformers"):
@@ -129,7 +135,18 @@ def main() -> None:
     model_dir = args.model_dir or default_reader_dir()
     load_before = os.getloadavg()[0]
     if args.reserved_cpus is not None:
-        compare_reserved_cpus(args, prompts, load_before)
+        try:
+            values = [int(v) for v in args.reserved_cpus.split(",")]
+        except ValueError:
+            raise SystemExit(f"--reserved-cpus takes whole numbers separated by commas, not {args.reserved_cpus!r}") \
+                from None
+        compare_servers(args, prompts, load_before, [
+            (f"VLLM_CPU_NUM_OF_RESERVED_CPU={value}", {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(value)}, [])
+            for value in values])
+        return
+    if args.eager:
+        compare_servers(args, prompts, load_before, [("as rag-mag starts it", {}, []),
+                                                     ("--enforce-eager", {}, ["--enforce-eager"])])
         return
     started_port = None
     if args.start_server:
@@ -184,25 +201,31 @@ def main() -> None:
         durable.write_text(args.out, json.dumps(figures, indent=2) + "\n")
 
 
-def compare_reserved_cpus(args: argparse.Namespace, prompts: list[list[ChatMessage]], load_before: float) -> None:
-    try:
-        values = [int(v) for v in args.reserved_cpus.split(",")]
-    except ValueError:
-        raise SystemExit(f"--reserved-cpus takes whole numbers separated by commas, not {args.reserved_cpus!r}") \
-            from None
+def compare_servers(args: argparse.Namespace, prompts: list[list[ChatMessage]], load_before: float,
+                    variants: list[tuple[str, dict[str, str], list[str]]]) -> None:
+    """Each variant (label, environment, extra vLLM arguments) started fresh, given the same prompts at
+    ``--concurrency`` and stopped; the first is the baseline."""
     rows = []
-    for value in values:
-        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(value)  # read by the server start_server launches
+    for label, env, extra_args in variants:
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)  # read by the server start_server launches
         port = find_free_port()
         started = time.perf_counter()
-        url = start_server(port=port).api_base_url
+        try:
+            url = start_server(port=port, extra_args=extra_args).api_base_url
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         start_s = time.perf_counter() - started
         try:
             seconds, answers = run_vllm(prompts, url, args.model, args.max_tokens, args.concurrency)
         finally:
             stop_server(port)
-        rows.append({"reserved_cpus": value, "start_s": round(start_s, 1), "seconds": round(seconds, 1),
-                     "answers_per_s": len(prompts) / seconds, "answers": answers})
+        rows.append({"server": label, "env": env, "args": extra_args, "start_s": round(start_s, 1),
+                     "seconds": round(seconds, 1), "answers_per_s": len(prompts) / seconds, "answers": answers})
     baseline = rows[0]
     print(f"{len(prompts)} RAG prompts ({args.passages} passages of <= {args.passage_words} words), max_tokens "
           f"{args.max_tokens}, {args.concurrency} concurrent; load average {load_before:.1f} before, "
@@ -210,9 +233,9 @@ def compare_reserved_cpus(args: argparse.Namespace, prompts: list[list[ChatMessa
     for row in rows:
         same = sum(a == b for a, b in zip(row["answers"], baseline["answers"], strict=True)) / len(prompts)
         row["same_answers_as_baseline"] = same
-        print(f"  VLLM_CPU_NUM_OF_RESERVED_CPU={row['reserved_cpus']}: {row['answers_per_s']:.2f} answers/s "
-              f"({row['seconds']:.1f} s; server start {row['start_s']:.0f} s), "
-              f"{row['answers_per_s'] / baseline['answers_per_s']:.2f}x the first, "
+        print(f"  {row['server']}: {row['answers_per_s']:.2f} answers/s ({row['seconds']:.1f} s; server start "
+              f"{row['start_s']:.0f} s, {row['start_s'] / baseline['start_s']:.2f}x the first's), "
+              f"{row['answers_per_s'] / baseline['answers_per_s']:.2f}x the first's answers/s, "
               f"same answers {100 * same:.0f}%")
     if args.out:
         durable.write_text(args.out, json.dumps({"prompts": len(prompts), "concurrency": args.concurrency,
