@@ -14,7 +14,7 @@ URL = "http://127.0.0.1:8123/v1"
 
 @pytest.fixture
 def calls(monkeypatch):
-    calls: dict[str, list] = {"start": [], "stop": []}
+    calls: dict[str, list] = {"start": [], "stop": [], "extra_args": []}
     state = {"up": False}
 
     def check_server(url, **kwargs):
@@ -24,6 +24,7 @@ def calls(monkeypatch):
 
     def start_server(model=None, *, host="127.0.0.1", port, **kwargs):
         calls["start"].append((host, port) if model is None else (model, host, port))
+        calls["extra_args"].append(tuple(kwargs.get("extra_args", ())))
         return llm_records.ServerRecord(pid=1, host=host, port=port, model="m", served_model_name="model",
                                         log_path="log", started_at=0.0)
 
@@ -84,3 +85,13 @@ def test_a_second_reader_gets_a_server_of_its_own_on_a_free_port(calls, monkeypa
             llm_server.running_server(model="m", free_port=True, start=False):
         pass
 
+
+
+def test_extra_args_reach_a_started_server_only(calls):
+    with llm_server.running_server(URL, extra_args=llm_server.EAGER_ARGS):
+        pass
+    assert calls["extra_args"] == [("--enforce-eager",)]
+    calls["state"]["up"] = True  # a running server is used as it runs: nothing is started with them
+    with llm_server.running_server(URL, extra_args=llm_server.EAGER_ARGS):
+        pass
+    assert calls["extra_args"] == [("--enforce-eager",)]

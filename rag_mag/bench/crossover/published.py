@@ -12,9 +12,9 @@ from typing import Any
 
 from rag_mag import durable
 from rag_mag.bench.crossover.config import RunSpec
+from rag_mag.bench.crossover.held_out import test_ndcg
 from rag_mag.bench.crossover.report import selected_point
 from rag_mag.bench.crossover.store import CrossoverStore
-from rag_mag.bench.crossover.held_out import test_ndcg
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.errors import CheckpointError
 from rag_mag.precision import cpu_kind

@@ -29,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rag_mag.bench.crossover.config import CrossoverConfig, RunSpec
+from rag_mag.bench.crossover.held_out import load_test_sets
 from rag_mag.bench.crossover.measure import CheckpointMeter, RunClock, curve_points
 from rag_mag.bench.crossover.published import (
     lacks_best,
@@ -38,7 +39,6 @@ from rag_mag.bench.crossover.published import (
     rebuild_checkpoint,
 )
 from rag_mag.bench.crossover.store import CrossoverStore, record_cpu_kind
-from rag_mag.bench.crossover.held_out import load_test_sets
 from rag_mag.bench.crossover.tuning import as_trained
 from rag_mag.bench.datasets import EvalDataset
 from rag_mag.data import iter_jsonl, read_triples

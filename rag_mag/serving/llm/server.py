@@ -61,6 +61,9 @@ def build_command(
 
 
 FEW_CORES = 2  # at most this many cores: the vLLM worker computes on all of them
+# No torch.compile at start: ready in 28 s instead of 88, at 0.80x the answers/s (2 cores, bf16;
+# eval/bench_generation.py --eager). Worth it where a server answers a few questions (the quickstart's one).
+EAGER_ARGS = ("--enforce-eager",)
 
 
 def build_env(model: str) -> dict[str, str]:
@@ -250,19 +253,21 @@ def run_foreground(model: str | None = None, *, host: str = DEFAULT_HOST, port: 
 
 @contextlib.contextmanager
 def running_server(url: str | None = None, *, start: bool = True, keep: bool = False,
-                   not_running_hint: str = "", model: str | None = None, free_port: bool = False) -> Iterator[str]:
+                   not_running_hint: str = "", model: str | None = None, free_port: bool = False,
+                   extra_args: Sequence[str] = ()) -> Iterator[str]:
     """Yield the base URL of a vLLM server that answers at ``url`` (default: ``default_api_base_url()``).
 
     A server already answering there is used and left running (with ``model``, it must serve that name).
     Otherwise, with ``start``, one is started at that host and port serving ``model`` (default: the trained
     reader) and stopped when the block ends (unless ``keep``); without ``start`` the ``ServerNotRunningError`` is
     raised, ``not_running_hint`` appended to its message. ``free_port`` (and no ``url``): always start a server of
-    its own on a free port, e.g. for a second reader beside the first one's server.
+    its own on a free port, e.g. for a second reader beside the first one's server. ``extra_args`` go to a server
+    started here (e.g. ``EAGER_ARGS``).
     """
     if free_port and url is None:
         if not start:
             raise ServerNotRunningError(f"no server for {model} is given and starting one is off{not_running_hint}")
-        record = start_server(model, port=find_free_port())
+        record = start_server(model, port=find_free_port(), extra_args=extra_args)
         try:
             yield record.api_base_url
         finally:
@@ -280,8 +285,9 @@ def running_server(url: str | None = None, *, start: bool = True, keep: bool = F
         yield url
         return
     address = parse_api_base_url(url)
-    logger.info("no vLLM server at %s: starting one (about a minute and a half on CPU)", url)
-    record = start_server(model, host=address.host, port=address.port)
+    logger.info("no vLLM server at %s: starting one (%s on CPU)", url,
+                "about half a minute" if "--enforce-eager" in extra_args else "about a minute and a half")
+    record = start_server(model, host=address.host, port=address.port, extra_args=extra_args)
     try:
         yield record.api_base_url
     finally:
