@@ -77,7 +77,7 @@ fi
 
 if [ "$WITH_RETRIEVER" = 1 ]; then
   # Only what the first answer needs; `rag-mag serve` trains the demo's cosine retriever when it first runs.
-  step "default retriever (qnorm, trained on data/sample once: 40 steps, about a minute with native bf16, a few without)"
+  step "default retriever (qnorm, trained on data/sample once: 40 steps, about 2 minutes on 2 cores beside the vLLM install, more without native bf16)"
   .venv/bin/rag-mag quickstart --train-only
 fi
 
