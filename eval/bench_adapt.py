@@ -158,8 +158,9 @@ def subset_pairs(full: Path, out: Path, asked: int, seed: int = 0) -> Path:
     return out
 
 
-def curve_one(name: str, sizes: list[int], args: argparse.Namespace) -> dict:
-    """The real questions' nDCG@10 of the base and of each adapted strategy, at each number of asked chunks."""
+def curve_one(name: str, sizes: list[int], args: argparse.Namespace, save) -> dict:
+    """The real questions' nDCG@10 of the base and of each adapted strategy, at each number of asked chunks;
+    ``save(result)`` after each point, so that a long curve keeps what it measured."""
     from rag_mag.adapt.chunks import base_retriever
 
     work = args.work / name
@@ -193,8 +194,10 @@ def curve_one(name: str, sizes: list[int], args: argparse.Namespace) -> dict:
         counts = json.loads((pairs / "synth.json").read_text())["counts"]
         points[str(size)] = {"asked": size, "kept": counts["kept"], "decision": report.get("decision"),
                              "real_questions": rows}
-    return {"questions": len(dataset.records), "base_ndcg@10": sum(base_scores) / len(base_scores),
-            "points": points}
+        result = {"questions": len(dataset.records), "base_ndcg@10": sum(base_scores) / len(base_scores),
+                  "points": points}
+        save(result)
+    return result
 
 
 def main() -> None:
@@ -217,10 +220,14 @@ def main() -> None:
         out = args.out.with_name("curve.json")
         curve = json.loads(out.read_text()) if out.is_file() else {"sets": {}}
         curve["machine"] = cpu_kind()
+        out.parent.mkdir(parents=True, exist_ok=True)
         for name in args.datasets:
-            curve["sets"][name] = curve_one(name, args.curve, args)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            durable.write_text(out, json.dumps(curve, indent=2) + "\n")
+
+            def save(result: dict, name: str = name) -> None:
+                curve["sets"][name] = result
+                durable.write_text(out, json.dumps(curve, indent=2) + "\n")
+
+            curve_one(name, args.curve, args, save)
             for size, point in curve["sets"][name]["points"].items():
                 figures = {system: f"{row['ndcg@10']:.1f} ({row['gain']:+.1f}, p {row['p']:.3f})"
                            for system, row in point["real_questions"].items()}
