@@ -1,8 +1,9 @@
 """What the demo's integration tests share: two small real indexes and ``rag-mag serve`` run as a subprocess.
 
-The indexes are the quickstart's (``artifacts/index-default`` = qnorm, ``artifacts/index-cosine``) when they
-are built; otherwise the packaged MiniLM (untrained, as ``MagnitudeEncoder.build`` gives it) indexes a
-slice of ``data/sample/corpus.jsonl`` under each strategy with ``pipelines/indexing.yaml``.
+The indexes are the quickstart's (``artifacts/index-default`` = qnorm, ``artifacts/index-cosine``, which the
+first ``rag-mag serve`` builds) when both are built; otherwise the packaged MiniLM (untrained, as
+``MagnitudeEncoder.build`` gives it) indexes a slice of ``data/sample/corpus.jsonl`` under each strategy with
+``pipelines/indexing.yaml``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def demo_indexes(root: Path) -> list[IndexSpec]:
     built = {spec.name: spec for spec in discover_indexes(artifacts_dir())}
     if {"qnorm", "cosine"} <= built.keys():
         return [built["qnorm"], built["cosine"]]
+    root.mkdir(parents=True, exist_ok=True)
     corpus = _corpus_slice(root / "corpus.jsonl")
     specs = []
     for strategy in ("qnorm", "cosine"):
