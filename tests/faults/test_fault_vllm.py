@@ -43,6 +43,13 @@ def stream_and_kill(demo_url: str, record) -> tuple[list[str], float | None]:
     return lines, killed_at
 
 
+def wait_port_free(port: int, timeout: float = 60.0) -> None:
+    """The killed server's sockets are closed by the kernel a moment after SIGKILL."""
+    deadline = time.monotonic() + timeout
+    while processes.port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def own_server():
     """A vLLM server of this test alone (the session's server must survive the other tests)."""
@@ -84,6 +91,7 @@ def test_vllm_killed_mid_stream_and_restarted(own_server, tmp_path, fault_case):
             if errors or not lines or lines[-1] != "data: [DONE]":
                 break
             # the whole (short, sampled) answer was on its way before the kill: start the server again, retry
+            wait_port_free(port)
             record = llm_server.start_server(port=port, timeout=START_TIMEOUT_S, extra_args=llm_server.EAGER_ARGS)
         assert len(errors) == 1 and "vLLM server" in errors[0]["message"], lines[-3:]
         assert "Traceback" not in errors[0]["message"]
@@ -92,6 +100,7 @@ def test_vllm_killed_mid_stream_and_restarted(own_server, tmp_path, fault_case):
         assert down.status_code == 503 and "rag-mag serve-llm" in down.json()["error"]["message"]
 
         # the same port: the demo is not restarted
+        wait_port_free(port)
         llm_server.start_server(port=port, timeout=START_TIMEOUT_S, extra_args=llm_server.EAGER_ARGS)
         back = httpx.post(f"{demo.url}/api/ask", json={"question": "What is the capital of France?"}, timeout=300)
         assert back.status_code == 200, back.text
