@@ -92,17 +92,25 @@ def rank_real_questions(dataset, systems: dict[str, str | None]) -> dict[str, li
     return per_query
 
 
-def adapt_one(name: str, args: argparse.Namespace) -> dict:
+def prepare(name: str, args: argparse.Namespace):
+    """The set's work folder, its real questions (read only to score), its corpus file and the untrained base."""
     from rag_mag.adapt.chunks import base_retriever
 
     work = args.work / name
     dataset = load_eval_dataset(name, limit=args.questions or QUESTIONS[name])
-    corpus = Path(dataset.source.split(" + corpus ")[1])
-    base = base_retriever(work)
+    return work, dataset, Path(dataset.source.split(" + corpus ")[1]), base_retriever(work)
+
+
+def index_command(work: Path, corpus: Path, base: Path) -> list[str]:
+    return ["index", "--corpus", str(corpus), "--retriever", str(base), "--out", str(work / "index")]
+
+
+def adapt_one(name: str, args: argparse.Namespace) -> dict:
+    work, dataset, corpus, base = prepare(name, args)
     # a stage's first full run is its wall time; a rerun (which resumes, or finds the index built) keeps it
     seconds_path = work / "seconds.json"
     seconds = json.loads(seconds_path.read_text()) if seconds_path.is_file() else {}
-    stages = {"index": ["index", "--corpus", str(corpus), "--retriever", str(base), "--out", str(work / "index")],
+    stages = {"index": index_command(work, corpus, base),
               "synth": ["synth", str(work / "index"), "--out", str(work / "pairs"), "--chunks", str(args.chunks)],
               "adapt": ["adapt", str(work / "index"), "--pairs", str(work / "pairs"), "--out", str(work / "adapt"),
                         *args.adapt_args]}
@@ -139,36 +147,30 @@ def subset_pairs(full: Path, out: Path, asked: int, seed: int = 0) -> Path:
 
     if (out / "pairs.jsonl").is_file():
         return out
-    sampled = sorted(json.loads(line)["chunk_id"] for line in (full / "written.jsonl").read_text().splitlines()
-                     if line.strip())
+    sampled = sorted(record["chunk_id"] for _, record in iter_jsonl(full / "written.jsonl"))
     if asked > len(sampled):
         raise SystemExit(f"{full} asked about {len(sampled)} chunks, fewer than {asked}")
     order = sorted(sampled, key=lambda chunk_id: hashlib.sha256(f"{seed}:{chunk_id}".encode()).hexdigest())
     chosen = set(order[:asked])
     pairs = [pair for _, pair in iter_jsonl(full / "pairs.jsonl") if source_chunk(pair) in chosen]
-    staging = out.with_name(out.name + ".partial")
-    staging.mkdir(parents=True, exist_ok=True)
+    staging = durable.staging_dir(out)
     durable.write_bytes(staging / "corpus.jsonl", (full / "corpus.jsonl").read_bytes())
     write_jsonl(staging / "pairs.jsonl", pairs)
     manifest = json.loads((full / "synth.json").read_text())
     manifest["counts"] = {"sampled": asked, "kept": len(pairs)}
     manifest["subset_of"] = {"folder": str(full), "sampled": len(sampled), "seed": seed}
     durable.write_text(staging / "synth.json", json.dumps(manifest, indent=2) + "\n")
-    staging.rename(out)
+    durable.sync_tree(staging)
+    durable.replace_dir(staging, out)
     return out
 
 
 def curve_one(name: str, sizes: list[int], args: argparse.Namespace, save) -> dict:
     """The real questions' nDCG@10 of the base and of each adapted strategy, at each number of asked chunks;
     ``save(result)`` after each point, so that a long curve keeps what it measured."""
-    from rag_mag.adapt.chunks import base_retriever
-
-    work = args.work / name
-    dataset = load_eval_dataset(name, limit=args.questions or QUESTIONS[name])
-    corpus = Path(dataset.source.split(" + corpus ")[1])
-    base = base_retriever(work)
+    work, dataset, corpus, base = prepare(name, args)
     if not is_index_folder(work / "index"):
-        command(["index", "--corpus", str(corpus), "--retriever", str(base), "--out", str(work / "index")])
+        command(index_command(work, corpus, base))
     largest = work / "curve" / f"pairs_{max(sizes)}"
     if not (largest / "pairs.jsonl").is_file():
         command(["synth", str(work / "index"), "--out", str(largest), "--chunks", str(max(sizes))])

@@ -40,7 +40,7 @@ from rag_mag.data import EvalRecord, read_eval
 from rag_mag.metrics.answers import exact_match
 from rag_mag.models import default_reader_dir
 from rag_mag.serving.llm.preflight import check_server
-from rag_mag.serving.llm.server import start_server, stop_server
+from rag_mag.serving.llm.server import EAGER_ARGS, start_server, stop_server
 from rag_mag.serving.llm.settings import DEFAULT_SERVED_MODEL_NAME, default_api_base_url
 from rag_mag.serving.processes import find_free_port
 
@@ -146,7 +146,7 @@ def main() -> None:
         return
     if args.eager:
         compare_servers(args, prompts, load_before, [("as rag-mag starts it", {}, []),
-                                                     ("--enforce-eager", {}, ["--enforce-eager"])])
+                                                     ("--enforce-eager", {}, list(EAGER_ARGS))])
         return
     started_port = None
     if args.start_server:

@@ -55,4 +55,3 @@ def test_nothing_is_built_beside_another_corpus_or_when_the_comparison_exists(ar
         "strategy": "qnorm", "corpus_sha256": durable.sha256_of(quickstart.SAMPLE / "corpus.jsonl")}))
     quickstart.ensure_comparison()
     assert built == []
-

@@ -86,7 +86,6 @@ def test_a_second_reader_gets_a_server_of_its_own_on_a_free_port(calls, monkeypa
         pass
 
 
-
 def test_extra_args_reach_a_started_server_only(calls):
     with llm_server.running_server(URL, extra_args=llm_server.EAGER_ARGS):
         pass

@@ -286,7 +286,7 @@ def running_server(url: str | None = None, *, start: bool = True, keep: bool = F
         return
     address = parse_api_base_url(url)
     logger.info("no vLLM server at %s: starting one (%s on CPU)", url,
-                "about half a minute" if "--enforce-eager" in extra_args else "about a minute and a half")
+                "about half a minute" if set(EAGER_ARGS) <= set(extra_args) else "about a minute and a half")
     record = start_server(model, host=address.host, port=address.port, extra_args=extra_args)
     try:
         yield record.api_base_url
