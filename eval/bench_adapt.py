@@ -194,7 +194,7 @@ def curve_one(name: str, sizes: list[int], args: argparse.Namespace, save) -> di
             rows[system] = {"ndcg@10": mean, "gain": mean - sum(base_scores) / len(base_scores),
                             "p": paired_permutation_test(values, base_scores)}
         counts = json.loads((pairs / "synth.json").read_text())["counts"]
-        points[str(size)] = {"asked": size, "kept": counts["kept"], "decision": report.get("decision"),
+        points[str(size)] = {"asked": counts["sampled"], "kept": counts["kept"], "decision": report.get("decision"),
                              "real_questions": rows}
         result = {"questions": len(dataset.records), "base_ndcg@10": sum(base_scores) / len(base_scores),
                   "points": points}
