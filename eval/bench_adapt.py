@@ -105,13 +105,17 @@ def index_command(work: Path, corpus: Path, base: Path) -> list[str]:
     return ["index", "--corpus", str(corpus), "--retriever", str(base), "--out", str(work / "index")]
 
 
+def synth_command(work: Path, out: Path, chunks: int) -> list[str]:
+    return ["synth", str(work / "index"), "--out", str(out), "--chunks", str(chunks)]
+
+
 def adapt_one(name: str, args: argparse.Namespace) -> dict:
     work, dataset, corpus, base = prepare(name, args)
     # a stage's first full run is its wall time; a rerun (which resumes, or finds the index built) keeps it
     seconds_path = work / "seconds.json"
     seconds = json.loads(seconds_path.read_text()) if seconds_path.is_file() else {}
     stages = {"index": index_command(work, corpus, base),
-              "synth": ["synth", str(work / "index"), "--out", str(work / "pairs"), "--chunks", str(args.chunks)],
+              "synth": synth_command(work, work / "pairs", args.chunks),
               "adapt": ["adapt", str(work / "index"), "--pairs", str(work / "pairs"), "--out", str(work / "adapt"),
                         *args.adapt_args]}
     for stage, arguments in stages.items():
@@ -173,7 +177,7 @@ def curve_one(name: str, sizes: list[int], args: argparse.Namespace, save) -> di
         command(index_command(work, corpus, base))
     largest = work / "curve" / f"pairs_{max(sizes)}"
     if not (largest / "pairs.jsonl").is_file():
-        command(["synth", str(work / "index"), "--out", str(largest), "--chunks", str(max(sizes))])
+        command(synth_command(work, largest, max(sizes)))
     points, base_scores = {}, None
     for size in sorted(sizes):
         pairs = largest if size == max(sizes) else subset_pairs(largest, work / "curve" / f"pairs_{size}", size)
