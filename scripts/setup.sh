@@ -30,6 +30,20 @@ quiet_pip() { "$@" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true;
 
 has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
+# Refuse a set-up that cannot fit before anything is installed. Measured from a clean clone (2026-12-07): .venv
+# 2.3 GB, .venv-vllm 3.5 GB, artifacts/ 1.4 GB; each figure below adds room for pip's unpacking.
+need_mb=0
+[ -x .venv/bin/python ] || need_mb=$((need_mb + 2800))
+[ "$WITH_VLLM" = 0 ] || [ -x .venv-vllm/bin/python ] || need_mb=$((need_mb + 4000))
+[ -f artifacts/smollm2-135m-writer/config.json ] || need_mb=$((need_mb + 1500))
+free_mb=$(df -Pm . | awk 'NR == 2 {print $4}')
+if [ "$need_mb" -gt 0 ] && [ "$free_mb" -lt "$need_mb" ]; then
+  echo "setup.sh: not enough disk space: this set-up writes about $((need_mb / 1000)).$((need_mb % 1000 / 100)) GB" \
+       "and only $((free_mb / 1000)).$((free_mb % 1000 / 100)) GB are free on the disk of $(pwd)." \
+       "Free some space there (or clone rag-mag onto a larger disk) and run it again" >&2
+  exit 1
+fi
+
 step "application environment (.venv)"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # torch first: a bare `torch` requirement would pull the CUDA build.

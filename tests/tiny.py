@@ -1,4 +1,5 @@
-"""A tiny randomly initialised BERT encoder built in the test process (no files, no hub)."""
+"""Tiny randomly initialised models built in the test process (no files, no hub): a BERT encoder, and a Llama
+reader with a LoRA adapter for the merge."""
 
 from __future__ import annotations
 
@@ -57,3 +58,38 @@ def capital_triples() -> list[dict]:
                      "hard_negatives": [{"id": f"n{i}", "title": other_city,
                                          "text": f"{other_city} is a city in {other_country}"}]})
     return rows
+
+
+def tiny_llama(seed: int = 0):
+    """A 2-layer, 32-dim Llama over 97 tokens with random weights (the reader's architecture, small)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=True)
+    return LlamaForCausalLM(config)
+
+
+def tiny_reader_adapter(folder: Path):
+    """A tiny Llama with its tokenizer saved in ``folder/base`` and a LoRA adapter (random, non-zero B, with
+    checksums) in ``folder/adapter``, as ``merge_reader`` takes them; returns (base, adapter, the PEFT model)."""
+    from peft import LoraConfig, get_peft_model
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from rag_mag.reader.merge import write_checksums
+
+    base_dir, adapter_dir = folder / "base", folder / "adapter"
+    tiny_llama().save_pretrained(base_dir)
+    vocab = {f"t{i}": i for i in range(97)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
+    tokenizer.save_pretrained(base_dir)
+    peft_model = get_peft_model(tiny_llama(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)  # a trained adapter's B is not zero
+    peft_model.save_pretrained(adapter_dir)
+    write_checksums(adapter_dir)
+    return base_dir, adapter_dir, peft_model

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from rag_mag import __version__, stopping, writable
+from rag_mag import __version__, durable, stopping, writable
 from rag_mag.errors import RagMagError
 
 # subcommand name -> module in rag_mag.cli (imported lazily so `rag-mag --help` stays fast)
@@ -89,9 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a read-only filesystem or a denied permission that no writer translated
         refused = writable.not_writable(error, error.filename or "its output", "an output")
         if refused is None:
+            if durable.is_disk_full(error):
+                return _disk_full(args.command, error)
             raise
         print(f"rag-mag {args.command}: error: {refused}", file=sys.stderr)
         return 2
+    except Exception as error:  # a library's own wrapper of a full disk (safetensors, torch) that no writer named
+        if not durable.is_disk_full(error):
+            raise
+        return _disk_full(args.command, error)
+
+
+def _disk_full(command: str, error: BaseException) -> int:
+    where = getattr(error, "filename", None) or os.getcwd()
+    print(f"rag-mag {command}: error: the disk filled up ({error}); {durable.free_bytes(where):,} bytes are free on "
+          f"the filesystem of {where}. Free some space and run the same command again", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -102,14 +102,15 @@ def merge_reader(adapter_dir: Path, base_dir: Path, out_dir: Path, *, force: boo
     merged.to(torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     staging = durable.staging_dir(out_dir)
-    try:
-        merged.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        record = {"adapter": str(adapter_dir), "adapter_sha256": adapter_sha, "base": str(base_dir)}
-        (staging / MERGE_MARKER).write_text(json.dumps(record, indent=2) + "\n")
-        durable.sync_tree(staging)
-        durable.replace_dir(staging, Path(out_dir))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with durable.disk_full_as_error(out_dir, f"the merged model {out_dir}"):
+        try:
+            merged.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            record = {"adapter": str(adapter_dir), "adapter_sha256": adapter_sha, "base": str(base_dir)}
+            (staging / MERGE_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+            durable.sync_tree(staging)
+            durable.replace_dir(staging, Path(out_dir))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     logger.info("merged reader written to %s", out_dir)
     return Path(out_dir)

@@ -33,7 +33,7 @@ from rag_mag.retriever.training.checkpoint import missing_parts
 from rag_mag.retriever.training.config import TrainConfig
 from rag_mag.retriever.training.trainer import Trainer
 from rag_mag.serving.indexing import IndexJob, run_index_job
-from tests.tiny import capital_triples, tiny_encoder
+from tests.tiny import capital_triples, tiny_encoder, tiny_reader_adapter
 
 pytestmark = pytest.mark.faults
 
@@ -280,4 +280,35 @@ def test_simulated_enospc_at_fsync_keeps_the_old_file(tmp_path, monkeypatch, fau
     with pytest.raises(DiskFullError, match="stats.json"):
         durable.write_text(target, "new")
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["stats.json"]
+    fault_case.clear_error()
+
+
+def _safetensors_enospc(*args, **kwargs):
+    """What safetensors raises when the disk fills under it: its own type, the OS text inside."""
+    raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def test_a_merge_that_meets_a_full_disk_keeps_the_merged_model_before_it(tmp_path, monkeypatch, fault_case):
+    from transformers import PreTrainedModel
+
+    from rag_mag.reader.merge import merge_reader, merged_adapter_sha
+
+    base_dir, adapter_dir, _ = tiny_reader_adapter(tmp_path)
+    out = tmp_path / "merged"
+    merge_reader(adapter_dir, base_dir, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", _safetensors_enospc)
+    with pytest.raises(DiskFullError, match=rf"the disk filled up while writing the merged model {out}: "):
+        merge_reader(adapter_dir, base_dir, out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and merged_adapter_sha(out) is not None
+    assert leftovers(tmp_path) == []  # no staging folder left beside it
+    fault_case.clear_error()
+
+
+def test_a_full_disk_no_writer_named_is_still_one_line(monkeypatch, capsys, fault_case):
+    # the last resort in cli/main.py: a library's own wrapper of ENOSPC reaching the command line
+    monkeypatch.setattr("rag_mag.serving.llm.readers.prepare_readers", _safetensors_enospc)
+    assert main(["serve-llm", "--convert-only"]) == 2
+    line = one_error_line(capsys.readouterr().err, "serve-llm")
+    assert "the disk filled up (" in line and "No space left on device" in line and "bytes are free" in line
     fault_case.clear_error()

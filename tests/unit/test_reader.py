@@ -19,6 +19,7 @@ from rag_mag.reader.config import ReaderConfig
 from rag_mag.reader.examples import ExampleStats, Question, answer_target, build_examples, split_questions
 from rag_mag.retriever.training.config import make_config
 from rag_mag.serving.pipelines import PIPELINES_DIR
+from tests.tiny import tiny_llama, tiny_reader_adapter
 
 # The answer template the pipelines carried inline before AnswerPromptBuilder became its one home.
 OLD_TEMPLATE = """\
@@ -197,20 +198,10 @@ def test_bad_reader_settings_are_refused_by_name(values, message):
 
 
 # ----------------------------------------------------------------------------------------------- the loss
-def _tiny_llama(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True)
-    return LlamaForCausalLM(config)
-
-
 def test_the_answer_token_loss_is_the_cross_entropy_of_the_full_logits_on_the_answer_tokens():
     from rag_mag.reader.sft import answer_token_loss
 
-    model = _tiny_llama()
+    model = tiny_llama()
     input_ids = torch.randint(0, 97, (2, 12))
     labels = torch.full_like(input_ids, -100)
     labels[0, 9:] = input_ids[0, 9:]
@@ -226,24 +217,10 @@ def test_the_answer_token_loss_is_the_cross_entropy_of_the_full_logits_on_the_an
 
 # ---------------------------------------------------------------------------------------------- the merge
 def test_a_merged_reader_answers_like_base_plus_adapter_and_a_tampered_adapter_is_refused(tmp_path):
-    from peft import LoraConfig, get_peft_model
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
+    from rag_mag.reader.merge import merge_reader, merged_adapter_sha
 
-    from rag_mag.reader.merge import merge_reader, merged_adapter_sha, write_checksums
-
-    base_dir, adapter_dir, out_dir = tmp_path / "base", tmp_path / "adapter", tmp_path / "merged"
-    _tiny_llama().save_pretrained(base_dir)
-    vocab = {f"t{i}": i for i in range(97)}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
-    tokenizer.save_pretrained(base_dir)
-    peft_model = get_peft_model(_tiny_llama(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    with torch.no_grad():
-        for name, parameter in peft_model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)  # a trained adapter's B is not zero
-    peft_model.save_pretrained(adapter_dir)
-    write_checksums(adapter_dir)
+    base_dir, adapter_dir, peft_model = tiny_reader_adapter(tmp_path)
+    out_dir = tmp_path / "merged"
     merged_dir = merge_reader(adapter_dir, base_dir, out_dir)
     from transformers import AutoModelForCausalLM
 
@@ -267,7 +244,7 @@ def test_a_merged_reader_answers_like_base_plus_adapter_and_a_tampered_adapter_i
 def test_full_fine_tuning_trains_only_the_decoder_linears():
     from rag_mag.reader.export import train_decoder_linears
 
-    model = _tiny_llama()
+    model = tiny_llama()
     names = train_decoder_linears(model)
     trained = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     assert trained == {f"{name}.weight" for name in names} and len(names) == 2 * 7  # q k v o gate up down
@@ -280,8 +257,8 @@ def test_a_low_rank_change_is_exported_exactly_and_merges_to_the_trained_weights
     from rag_mag.reader.export import low_rank_weights, snapshot, train_decoder_linears, write_adapter
 
     base_dir = tmp_path / "base"
-    _tiny_llama().save_pretrained(base_dir)
-    model = _tiny_llama()
+    tiny_llama().save_pretrained(base_dir)
+    model = tiny_llama()
     base = snapshot(model, train_decoder_linears(model))
     modules = dict(model.named_modules())
     generator = torch.Generator().manual_seed(1)
@@ -291,7 +268,7 @@ def test_a_low_rank_change_is_exported_exactly_and_merges_to_the_trained_weights
             weight += torch.randn(weight.shape[0], 2, generator=generator) @ torch.randn(2, weight.shape[1],
                                                                                         generator=generator)
     assert write_adapter(model, base, 3, tmp_path, str(base_dir)) == pytest.approx(1.0, abs=1e-5)
-    merged = PeftModel.from_pretrained(_tiny_llama(), str(tmp_path)).merge_and_unload()
+    merged = PeftModel.from_pretrained(tiny_llama(), str(tmp_path)).merge_and_unload()
     merged_modules = dict(merged.named_modules())
     for name in base:
         assert torch.allclose(merged_modules[name].weight, modules[name].weight, atol=1e-4), name
@@ -311,7 +288,7 @@ def test_a_cut_below_the_change_rank_keeps_the_best_part_and_says_how_much():
     assert torch.allclose(torch.linalg.svdvals(b @ a)[:2], torch.tensor([3.0, 2.0]), atol=1e-5)
     a, b = low_rank_factors(delta, 8)  # more rank than the matrix has: padded with zeros
     assert a.shape == (8, 5) and b.shape == (3, 8) and torch.allclose(b @ a, delta, atol=1e-5)
-    model = _tiny_llama()
+    model = tiny_llama()
     base = snapshot(model, train_decoder_linears(model))
     with torch.no_grad():
         for parameter in model.parameters():

@@ -62,17 +62,18 @@ def convert_gguf(gguf_path: Path | None = None, out_dir: Path | None = None, *, 
     del loaded
 
     tmp_dir = durable.staging_dir(out_dir)
-    try:
-        model.save_pretrained(tmp_dir)
-        tokenizer.save_pretrained(tmp_dir)
-        marker = {"source": str(gguf_path), "source_bytes": gguf_path.stat().st_size, "dtype": "bfloat16"}
-        (tmp_dir / CONVERSION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if is_converted(out_dir) and not force:
-            logger.info("another process converted %s meanwhile; keeping its folder", out_dir)
-            return out_dir
-        durable.sync_tree(tmp_dir)
-        durable.replace_dir(tmp_dir, out_dir)  # an unfinished or forced-over folder is replaced whole
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+    with durable.disk_full_as_error(out_dir, f"the converted model {out_dir}"):
+        try:
+            model.save_pretrained(tmp_dir)
+            tokenizer.save_pretrained(tmp_dir)
+            marker = {"source": str(gguf_path), "source_bytes": gguf_path.stat().st_size, "dtype": "bfloat16"}
+            (tmp_dir / CONVERSION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            if is_converted(out_dir) and not force:
+                logger.info("another process converted %s meanwhile; keeping its folder", out_dir)
+                return out_dir
+            durable.sync_tree(tmp_dir)
+            durable.replace_dir(tmp_dir, out_dir)  # an unfinished or forced-over folder is replaced whole
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("converted in %.0f s: %s", time.monotonic() - started, out_dir)
     return out_dir
