@@ -86,25 +86,19 @@ def main(argv: list[str] | None = None) -> int:
         signum = stopping.last_signal()
         print(f"rag-mag {args.command}: interrupted by {stopping.signal_name(signum)}", file=sys.stderr)
         return stopping.exit_code(signum)
-    except OSError as error:  # a read-only filesystem or a denied permission that no writer translated
-        refused = writable.not_writable(error, error.filename or "its output", "an output")
-        if refused is None:
-            if durable.is_disk_full(error):
-                return _disk_full(args.command, error)
+    except Exception as error:  # a read-only filesystem, a denied permission or a full disk no writer translated
+        refused = writable.not_writable(error, getattr(error, "filename", None) or "its output", "an output")
+        if refused is None and not durable.is_disk_full(error):
             raise
-        print(f"rag-mag {args.command}: error: {refused}", file=sys.stderr)
+        print(f"rag-mag {args.command}: error: {refused or _disk_full(error)}", file=sys.stderr)
         return 2
-    except Exception as error:  # a library's own wrapper of a full disk (safetensors, torch) that no writer named
-        if not durable.is_disk_full(error):
-            raise
-        return _disk_full(args.command, error)
 
 
-def _disk_full(command: str, error: BaseException) -> int:
+def _disk_full(error: BaseException) -> str:
+    """The one line for a full disk met where no writer named it (a library's own wrapper of ENOSPC included)."""
     where = getattr(error, "filename", None) or os.getcwd()
-    print(f"rag-mag {command}: error: the disk filled up ({error}); {durable.free_bytes(where):,} bytes are free on "
-          f"the filesystem of {where}. Free some space and run the same command again", file=sys.stderr)
-    return 2
+    return (f"the disk filled up ({error}); {durable.free_bytes(where):,} bytes are free on the filesystem of "
+            f"{where}. Free some space and run the same command again")
 
 
 if __name__ == "__main__":
