@@ -144,7 +144,7 @@ def child_stock(folder: Path) -> dict:
 
 def child_rag_mag(folder: Path, out: Path) -> dict:
     from rag_mag.components.checkpoints import load_checkpoint
-    from rag_mag.serving.file_indexing import index_files
+    from rag_mag.ingestion.file_indexing import index_files
 
     started = time.perf_counter()
     load_checkpoint(str(RETRIEVER))  # the encoder, loaded once per process (index_files reuses it): timed apart

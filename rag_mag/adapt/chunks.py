@@ -60,7 +60,7 @@ def load_chunks(source: str, work: Path, *, base_model: str = "", progress: bool
     if path.is_dir() and is_index_folder(path):
         folder = path
     else:
-        from rag_mag.serving.file_indexing import index_files
+        from rag_mag.ingestion.file_indexing import index_files
 
         folder = work / "base_index"
         summary = index_files([str(path)], folder, base_retriever(work, base_model), progress=progress)

@@ -225,7 +225,7 @@ def reembed(settings: AdaptSettings, retriever: Path | None) -> dict | None:
     if retriever is None:
         logger.info("reindex: skipped, no retriever was published")
         return {"index": str(settings.index), "skipped": "base kept", "line": "not re-embedded: the base was kept"}
-    from rag_mag.serving.file_indexing import index_files
+    from rag_mag.ingestion.file_indexing import index_files
 
     with durable.job_lock(durable.lock_path(settings.index), f"the index {settings.index}"):
         summary = index_files([settings.source], settings.index, retriever, progress=settings.progress)

@@ -1,8 +1,8 @@
 """``rag-mag index``: embed files or a corpus with a trained retriever and save a FAISS inner-product index.
 
 Files and folders (``rag-mag index docs/ --out DIR``) go through pipelines/index_files.yaml, incrementally
-(rag_mag.serving.file_indexing). A JSONL corpus (``--corpus``) is encoded in full, resumable and shardable
-(rag_mag.serving.indexing): vectors go to memory-mapped chunk files in a work folder, a rerun after a kill
+(rag_mag.ingestion.file_indexing). A JSONL corpus (``--corpus``) is encoded in full, resumable and shardable
+(rag_mag.ingestion.indexing): vectors go to memory-mapped chunk files in a work folder, a rerun after a kill
 goes on from the last finished chunk, ``--shard K/N`` (or torchrun) splits the corpus across processes or
 machines, and the last shard to finish merges them into the index folder.
 """
@@ -20,10 +20,10 @@ from rag_mag.errors import ConfigError
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.components.faiss_index import AUTO_APPROXIMATE_FROM, INDEX_TYPES
+    from rag_mag.ingestion.file_indexing import EXIT_SKIPPED
+    from rag_mag.ingestion.files import supported_types
+    from rag_mag.ingestion.indexing import DEFAULT_CHUNK_SIZE
     from rag_mag.models import REPO_ROOT, default_retriever_dir
-    from rag_mag.serving.file_indexing import EXIT_SKIPPED
-    from rag_mag.serving.files import supported_types
-    from rag_mag.serving.indexing import DEFAULT_CHUNK_SIZE
     from rag_mag.serving.pipelines import default_index_dir
 
     parser = subparsers.add_parser(
@@ -78,7 +78,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _add_file_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of the files path (PATHs)."""
-    from rag_mag.serving.files import DEFAULT_MAX_FILE_MB
+    from rag_mag.ingestion.files import DEFAULT_MAX_FILE_MB
 
     parser.add_argument("paths", nargs="*", metavar="PATH",
                         help="files and folders to index (folders recursively; dot files are left out)")
@@ -116,8 +116,8 @@ def _add_file_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rag_mag.components.faiss_index import verify_folder
+    from rag_mag.ingestion.indexing import IndexJob, default_work_dir, parse_shard, run_index_job, shard_lock
     from rag_mag.models import REPO_ROOT
-    from rag_mag.serving.indexing import IndexJob, default_work_dir, parse_shard, run_index_job, shard_lock
     from rag_mag.serving.pipelines import default_index_dir
 
     if args.verify:
@@ -154,9 +154,9 @@ def _target(args: argparse.Namespace):
     from rag_mag.serving.db import pgvector
 
     if args.store == "pgvector":
-        table = pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)
+        table = pgvector.check_table_name(pgvector.DEFAULT_TABLE if args.table is None else args.table)
         return pgvector.using_server(args.pg_url), table
-    if args.table or args.pg_url:
+    if args.table is not None or args.pg_url is not None:
         raise ConfigError("--table and --pg-url are for --store pgvector")
     out = Path(args.out)
     if not args.dry_run:
@@ -169,7 +169,7 @@ def run_files(args: argparse.Namespace) -> int:
     """``rag-mag index PATH... --out DIR`` (or ``--store pgvector``): the incremental files path."""
     import sys
 
-    from rag_mag.serving.file_indexing import index_files
+    from rag_mag.ingestion.file_indexing import index_files
     from rag_mag.serving.pipelines import parse_overrides
 
     if args.corpus:
@@ -215,7 +215,7 @@ def _watch(args: argparse.Namespace, settings: dict) -> int:
     changed something, and for each skipped file the first time it is seen."""
     import sys
 
-    from rag_mag.serving.file_indexing import watch_files
+    from rag_mag.ingestion.file_indexing import watch_files
 
     if args.dry_run:
         raise ConfigError("--watch and --dry-run do not go together")
@@ -243,7 +243,7 @@ def _watch(args: argparse.Namespace, settings: dict) -> int:
 
 def run_remove(args: argparse.Namespace) -> int:
     """``rag-mag index --remove FILE... --out DIR`` (or ``--store pgvector [--table T]``)."""
-    from rag_mag.serving.file_indexing import remove_files
+    from rag_mag.ingestion.file_indexing import remove_files
 
     context, table = _target(args)
     with context as url:

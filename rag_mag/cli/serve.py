@@ -160,14 +160,14 @@ def run(args: argparse.Namespace) -> int:
         ensure_comparison()
     specs = [] if on_table else resolve_indexes(args.indexes)
     if on_table:
-        pgvector.check_table_name(args.table or pgvector.DEFAULT_TABLE)
+        pgvector.check_table_name(pgvector.DEFAULT_TABLE if args.table is None else args.table)
     with contextlib.ExitStack() as stack:
         if on_table:  # a server started here is stopped when the demo stops
             from rag_mag.demo.tables import table_spec
 
             pg_url = stack.enter_context(pgvector.using_server(args.pg_url))
-            specs = [table_spec(args.table or pgvector.DEFAULT_TABLE, args.retriever or default_retriever_dir(),
-                                pg_url)]
+            table = pgvector.DEFAULT_TABLE if args.table is None else args.table
+            specs = [table_spec(table, args.retriever or default_retriever_dir(), pg_url)]
         url = stack.enter_context(llm_server.running_server(
             args.llm_url, start=args.start_llm, not_running_hint="; or pass --start-llm to start it with the demo"))
         loaded = [(load_table if spec.table is not None else load_index)(spec, args.pipeline, url) for spec in specs]

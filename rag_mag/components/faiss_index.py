@@ -205,7 +205,7 @@ def write_folder(target: Path, index, ids: list[str], documents: Iterable[dict[s
                  manifest: dict[str, Any]) -> None:
     """Write the four files into a staging folder, fsync it, then swap it into ``target``.
 
-    ``documents`` may be a generator (rag_mag.serving.indexing streams them from the corpus)."""
+    ``documents`` may be a generator (rag_mag.ingestion.indexing streams them from the corpus)."""
     if target.exists() and not (target.is_dir() and (is_index_folder(target) or not any(target.iterdir()))):
         raise CheckpointError(f"{target} exists and is not a rag-mag index folder; refusing to overwrite it. "
                               "Choose an empty or new folder")

@@ -214,7 +214,7 @@ class IndexDocuments:
         job.state = "failed" if error is not None else "done"
 
     def _index(self, job: Job):
-        from rag_mag.serving.file_indexing import index_files
+        from rag_mag.ingestion.file_indexing import index_files
 
         spec = self.loaded.spec
         self.uploads.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ An index on a PostgreSQL table lists the table's files; its uploads and deletes 
 ``rag-mag index ... --store pgvector`` command that does them (rag_mag/demo/tables.py).
 
 Every file is checked before anything is written: a plain file name (no ``/``, ``\\``, ``..``, leading dot,
-control character) else 400; an extension of ``rag_mag.serving.files.FILE_TYPES`` else 415; at most
+control character) else 400; an extension of ``rag_mag.ingestion.files.FILE_TYPES`` else 415; at most
 ``max_upload_mb`` else 413. A multipart POST can be sent from any web page without a CORS preflight, so the
 upload and delete routes also need the header ``X-RagMag-Upload: 1``, which only the page's own script sends
 (403 without it). The jobs themselves are in ``rag_mag.demo.document_jobs``.
@@ -32,7 +32,7 @@ from rag_mag import durable
 from rag_mag.demo.document_jobs import IndexDocuments, Job
 from rag_mag.demo.messages import RequestError
 from rag_mag.demo.service import DemoService
-from rag_mag.serving.files import FILE_TYPES, supported_types
+from rag_mag.ingestion.files import FILE_TYPES, supported_types
 
 logger = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from rag_mag.demo.loading import LoadedIndex
 from rag_mag.demo.messages import Event, RequestError
 from rag_mag.errors import ServerNotRunningError
 from rag_mag.serving.answers import NoAnswerError
+from rag_mag.serving.source_filters import MAX_FILTER_DEPTH, filter_depth
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,10 @@ class DemoService:
         if not isinstance(filters, dict):
             raise RequestError(f"filters must be a Haystack filter object, got {type(filters).__name__}; e.g. "
                                '{"field": "meta.file", "operator": "==", "value": "notes.pdf"}', param="filters")
+        depth = filter_depth(filters)
+        if depth > MAX_FILTER_DEPTH:  # Haystack evaluates filters recursively: a deep one is a RecursionError
+            raise RequestError(f"filters are nested {depth} levels deep; at most {MAX_FILTER_DEPTH} are accepted",
+                               param="filters")
         try:
             document_matches_filter(filters, Document(content=""))
         except (FilterError, TypeError, ValueError, KeyError, AttributeError) as error:

@@ -13,6 +13,23 @@ from typing import Any
 
 from rag_mag.errors import ConfigError
 
+# Haystack's filters nest through the "conditions" of AND / OR / NOT. Real filters are a few levels deep; Haystack
+# evaluates them recursively, so a filter nested hundreds of levels deep would end in a RecursionError.
+MAX_FILTER_DEPTH = 32
+
+
+def filter_depth(filters: Any) -> int:
+    """How deeply ``filters`` nest: 1 for one comparison, one more for each logical level around it. Counted
+    without recursion, so that no depth can exhaust the stack here."""
+    deepest, pending = 0, [(filters, 1)]
+    while pending:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        conditions = node.get("conditions") if isinstance(node, dict) else None
+        if isinstance(conditions, list):
+            pending.extend((condition, depth + 1) for condition in conditions)
+    return deepest
+
 
 def retriever_names(pipeline) -> list[str]:
     """The components of ``pipeline`` whose ``run`` takes ``filters`` (the retrievers)."""

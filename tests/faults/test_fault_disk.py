@@ -26,13 +26,13 @@ from rag_mag.cli.main import main
 from rag_mag.components import faiss_index
 from rag_mag.data import write_jsonl
 from rag_mag.errors import DiskFullError
+from rag_mag.ingestion.indexing import IndexJob, run_index_job
 from rag_mag.models import REPO_ROOT
 from rag_mag.retriever.data.build import write_outputs
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.training.checkpoint import missing_parts
 from rag_mag.retriever.training.config import TrainConfig
 from rag_mag.retriever.training.trainer import Trainer
-from rag_mag.serving.indexing import IndexJob, run_index_job
 from tests.tiny import capital_triples, tiny_encoder, tiny_reader_adapter
 
 pytestmark = pytest.mark.faults

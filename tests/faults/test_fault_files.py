@@ -12,7 +12,7 @@ import pytest
 from rag_mag.cli.main import main
 from rag_mag.components import faiss_index
 from rag_mag.components.faiss_document_store import FAISSDocumentStore
-from rag_mag.serving.file_indexing import EXIT_SKIPPED
+from rag_mag.ingestion.file_indexing import EXIT_SKIPPED
 from tests.files import write_encrypted_pdf, write_folder, write_pdf, write_scanned_pdf
 from tests.tiny import tiny_encoder
 

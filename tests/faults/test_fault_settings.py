@@ -158,3 +158,20 @@ def test_bad_mine_settings_of_a_benchmark_config_are_refused(values, message, fa
     with pytest.raises(ConfigError, match=message):
         make_config(MineConfig, values, source="mine config")
     fault_case.clear_error()
+
+
+# ------------------------------------------------------------------------------ index tables
+@pytest.mark.parametrize("store, message", [
+    (["--store", "pgvector"], "bad table name ''"),
+    ([], "--table and --pg-url are for --store pgvector"),
+])
+def test_an_empty_table_name_is_refused_not_the_default_table(tmp_path, capsys, store, message, fault_case):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("The lighthouse keeper is called Oskar.\n")
+    # the name is checked before any server is reached or model loaded: no --pg-url, no retriever needed
+    code = main(["index", str(tmp_path / "docs"), *store, "--table", "", "--out", str(tmp_path / "index")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "index").exists()
+    fault_case.clear_error()

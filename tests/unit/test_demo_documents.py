@@ -27,7 +27,7 @@ from rag_mag.demo.document_jobs import uploads_dir
 from rag_mag.demo.indexes import IndexSpec
 from rag_mag.demo.loading import load_index
 from rag_mag.demo.service import DemoService
-from rag_mag.serving import file_indexing
+from rag_mag.ingestion import file_indexing
 from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
 from tests.files import write_pdf
 from tests.local import closed_port_url

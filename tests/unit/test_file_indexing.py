@@ -17,8 +17,8 @@ from rag_mag.components import faiss_index
 from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.components.passage_splitter import PassageSplitter, sentence_spans
 from rag_mag.errors import ConfigError
+from rag_mag.ingestion.file_indexing import EXIT_SKIPPED, index_files
 from rag_mag.serving.answers import excerpt
-from rag_mag.serving.file_indexing import EXIT_SKIPPED, index_files
 from rag_mag.serving.pipelines import PIPELINES_DIR, read_pipeline_dict
 from rag_mag.serving.source_filters import source_filter
 from tests.files import write_folder, write_pdf
@@ -158,7 +158,7 @@ def test_a_run_hides_the_old_heap_from_the_collector_and_hands_it_back(retriever
     """A run freezes the objects that existed before it (the collector's full passes over torch's and Haystack's
     heap were a fifth of an incremental run) and unfreezes them after, also when it fails, so that a long-lived
     process (--watch, the demo) still frees what runs leave behind."""
-    from rag_mag.serving import file_indexing
+    from rag_mag.ingestion import file_indexing
 
     frozen = []
     real_plan = file_indexing.make_plan
@@ -249,7 +249,7 @@ def test_skipped_files_give_exit_code_3(retriever, tmp_path, capsys):
 def test_watch_follows_the_folder_with_the_encoder_kept_loaded(retriever, tmp_path):
     import threading
 
-    from rag_mag.serving.file_indexing import watch_files
+    from rag_mag.ingestion.file_indexing import watch_files
 
     docs, out = write_folder(tmp_path / "docs"), tmp_path / "index"
     passes, stop = [], threading.Event()

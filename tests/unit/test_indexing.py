@@ -1,4 +1,4 @@
-"""rag-mag index's sharded, resumable encoding (rag_mag.serving.indexing) on a tiny random BERT."""
+"""rag-mag index's sharded, resumable encoding (rag_mag.ingestion.indexing) on a tiny random BERT."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rag_mag.cli.main import main
 from rag_mag.components import faiss_index
 from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.errors import ConfigError
-from rag_mag.serving.indexing import IndexJob, parse_shard, run_index_job, shard_rows
+from rag_mag.ingestion.indexing import IndexJob, parse_shard, run_index_job, shard_rows
 from tests.tiny import tiny_encoder
 from tests.unit.test_faiss_store import embed_store, make_documents
 

@@ -1,8 +1,9 @@
 """The package's layers, read from the source with ``ast`` (nothing is imported).
 
 Low to high: the shared modules at the root of ``rag_mag/`` -> ``metrics`` -> ``retriever`` -> ``components``
--> ``reader`` -> ``serving`` -> ``bench`` -> ``adapt`` -> ``demo`` -> ``cli``; a module's layer is its first
-folder under ``rag_mag/``, so a sub-package (``bench/report/``, ``bench/crossover/``) is in its folder's layer.
+-> ``reader`` -> ``serving`` -> ``ingestion`` -> ``bench`` -> ``adapt`` -> ``demo`` -> ``cli``; a module's layer is
+its first folder under ``rag_mag/``, so a sub-package (``bench/report/``, ``bench/crossover/``) is in its folder's
+layer.
 A module may import its own layer and the layers below it, never one above, also not lazily inside a function;
 no two modules may import each other, directly or through others; and the root holds at most ``MAX_ROOT_FILES``
 modules, so that new code lands in a layer.
@@ -28,7 +29,7 @@ import pytest
 PACKAGE = "rag_mag"
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / PACKAGE
 # above the root, low to high
-LAYERS = ["metrics", "retriever", "components", "reader", "serving", "bench", "adapt", "demo", "cli"]
+LAYERS = ["metrics", "retriever", "components", "reader", "serving", "ingestion", "bench", "adapt", "demo", "cli"]
 # Inside a layer, its parts low to high (a set: parts of one rank). A part is a sub-package or a module at the
 # layer's top; "." stands for the layer's other top modules. A module may import its own part and lower ones, never a
 # higher one nor another part of its rank.
@@ -296,7 +297,7 @@ def test_orders_the_parts_of_a_layer():
         "rag_mag.retriever.encoder": {"rag_mag.retriever.strategies": 1, "rag_mag.retriever.training.config": 2},
         "rag_mag.retriever.training.trainer": {"rag_mag.retriever.encoder": 1, "rag_mag.retriever.data.mining": 3},
         "rag_mag.retriever.data.mining": {"rag_mag.retriever.bm25": 1, "rag_mag.retriever.data.spec": 2},
-        "rag_mag.serving.pipelines": {"rag_mag.serving.llm.preflight": 1, "rag_mag.serving.files": 2},
+        "rag_mag.serving.pipelines": {"rag_mag.serving.llm.preflight": 1, "rag_mag.serving.answers": 2},
         "rag_mag.serving.db.postgres": {"rag_mag.serving.processes": 1, "rag_mag.serving.llm.records": 4},
         "rag_mag.serving.processes": {"rag_mag.serving.llm.settings": 5},
         "rag_mag.cli.train": {"rag_mag.retriever.training.trainer": 1},

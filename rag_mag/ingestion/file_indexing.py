@@ -34,7 +34,7 @@ from typing import Any
 from rag_mag import durable, stopping
 from rag_mag.components.checkpoints import checkpoint_fingerprint
 from rag_mag.errors import ConfigError, DataError
-from rag_mag.serving.files import DEFAULT_MAX_FILE_MB, FoundFile, Scan, content_problem, find_files, read_file
+from rag_mag.ingestion.files import DEFAULT_MAX_FILE_MB, FoundFile, Scan, content_problem, find_files, read_file
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def encode_files(pipeline, writer, target, plan: FilePlan, streams: dict, progre
 
 def _encode_batches(pipeline, writer, target, plan: FilePlan, streams: dict, todo: list, bar, removed: int,
                     save_every_files: int, on_progress) -> tuple[int, int]:
-    from rag_mag.serving.file_targets import take_staged
+    from rag_mag.ingestion.file_targets import take_staged
 
     encoded, since_save, done = 0, 0, 0
     for batch in _batches(todo, FILES_PER_RUN):
@@ -252,7 +252,7 @@ def index_files(paths: list[str], out: Path, retriever: Path, *, include: list[s
 
     ``on_progress(files_done, files_total, chunks_encoded)``: called as the new and changed files are encoded."""
     from rag_mag.components.faiss_document_store import FAISSDocumentStore
-    from rag_mag.serving.file_targets import FaissTarget, PgTarget, staging_writer
+    from rag_mag.ingestion.file_targets import FaissTarget, PgTarget, staging_writer
 
     if max_file_mb <= 0:
         raise ConfigError(f"--max-file-mb must be positive, got {max_file_mb}")
@@ -301,7 +301,7 @@ def remove_files(out: Path, patterns: list[str], table: str | None = None,
     the PostgreSQL ``table``): (files, chunks) removed."""
     from rag_mag.components.faiss_document_store import FAISSDocumentStore
     from rag_mag.components.faiss_index import is_index_folder
-    from rag_mag.serving.file_targets import FaissTarget, PgTarget
+    from rag_mag.ingestion.file_targets import FaissTarget, PgTarget
 
     if table:
         target, where = PgTarget(pg_url, table), f"table {table}"
