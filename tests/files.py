@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Each page is long enough (25 words and more) to be a passage of its own under the splitter's min_words.
 PDF_PAGES = [
-    "The orchard grows apples and plums. Apples are picked in September.",
-    "The vault on the second floor opens with the code 4711. The code was set by the caretaker.",
-    "The garden shed holds rakes and spades. It is painted green.",
+    "The orchard grows apples and plums. Apples are picked in September. The trees stand in six long rows behind "
+    "the house, and the oldest of them were planted a century ago.",
+    "The vault on the second floor opens with the code 4711. The code was set by the caretaker. Nobody else on the "
+    "staff has been told it, and it is written down nowhere.",
+    "The garden shed holds rakes and spades. It is painted green. Its roof leaks a little in heavy rain, so the "
+    "seeds are kept on the top shelf in tins.",
 ]
 
 

@@ -19,7 +19,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "if needed), score EM/F1 and retrieval, and write report.md, results.json and plots under "
                     "eval/reports/<name>/. Interrupted runs resume: finished cells and generations are reused.",
         formatter_class=DefaultsHelpFormatter)
-    parser.add_argument("config", help="benchmark YAML, e.g. eval/configs/quick.yaml")
+    parser.add_argument("config", help="benchmark YAML, e.g. eval/configs/quick.yaml; a config that lists "
+                                       "`collections:` (eval/configs/realdocs.yaml) is the real-documents benchmark: "
+                                       "folders of files with questions, scored by file@k, page@k and hubness")
     parser.add_argument("--output-dir", help="write the report here instead of eval/reports/<name>")
     parser.add_argument("--llm-url", help="use this vLLM server (default: RAG_MAG_VLLM_URL or 127.0.0.1:8000)")
     parser.add_argument("--max-questions", type=int, help="override max_questions for every dataset (the questions "
@@ -39,12 +41,64 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--pg-url", default=None, help="PostgreSQL URL for pipelines on pgvector (rag_hybrid.yaml; "
                         "default: $RAG_MAG_PG_URL, else the server of `rag-mag db start`, started if none runs and "
                         "stopped at the end)")
+    parser.add_argument("--split", choices=["validation", "test"], default=None,
+                        help="real-documents benchmark: the questions to score (default: the config's split; "
+                             "settings are chosen on validation, test is scored once for the README)")
     return parser
+
+
+def _is_folders_config(path: str) -> bool:
+    import yaml
+
+    try:
+        data = yaml.safe_load(open(path, encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False  # load_bench_config says what is wrong with it
+    return isinstance(data, dict) and "collections" in data
+
+
+def run_folders(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rag_mag.bench.datasets import data_root
+    from rag_mag.bench.folders.runner import FoldersRunner, load_folders_config
+    from rag_mag.errors import ConfigError
+
+    wrong = [flag for flag, value in (("--llm-url", args.llm_url), ("--max-questions", args.max_questions),
+                                      ("--answer-questions", args.answer_questions), ("--pipeline", args.pipeline),
+                                      ("--pg-url", args.pg_url)) if value is not None]
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)}: not options of the real-documents benchmark ({args.config})")
+    overrides = {key: value for key, value in (("output_dir", args.output_dir), ("split", args.split)) if value}
+    if args.split and not args.output_dir:
+        overrides["name"] = f"{Path(args.config).stem}-{args.split}"
+    config = load_folders_config(args.config, overrides)
+    root = data_root(args.data_root)
+    if root is None:
+        raise ConfigError("no data root for the real-document collections: pass --data-root or set "
+                          "RAG_MAG_DATA_ROOT to the folder that holds realdocs/")
+    writable.check_writable(config.out_dir(), f"the benchmark folder {config.out_dir()}")
+    with durable.job_lock(durable.lock_path(config.out_dir()), f"the benchmark folder {config.out_dir()}"):
+        try:
+            out = FoldersRunner(config, root, only=args.only).run()
+        except KeyboardInterrupt:
+            raise stopping.interrupted(f"the finished cells are in {config.out_dir() / 'cells'}: run the same "
+                                       "command again to resume from them") from None
+    print(f"cells: {out / 'cells'}" if args.only else f"report: {out / 'report.md'}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from rag_mag.bench.config import load_bench_config
     from rag_mag.bench.runner import BenchRunner
+
+    if _is_folders_config(args.config):
+        return run_folders(args)
+    if args.split:
+        from rag_mag.errors import ConfigError
+
+        raise ConfigError(f"--split is for the real-documents benchmark (a config with collections:), not "
+                          f"{args.config}")
 
     overrides = {key: value for key, value in (("output_dir", args.output_dir), ("llm_url", args.llm_url),
                                                ("data_root", args.data_root)) if value}

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 RAW_NORM_KEY = "embedding_raw_norm"
 CHECKPOINT_KEY = "embedding_checkpoint"
 STRATEGY_KEY = "embedding_strategy"
+LENGTH_FACTOR_KEY = "embedding_length_factor"
+_LENGTH_FITS: dict[str, Any] = {}  # checkpoint fingerprint -> LengthFit, fitted once per process
 
 
 def document_text(document: Document, title_key: str = "title") -> str:
@@ -47,7 +49,7 @@ class RagMagDocumentEmbedder:
     """
 
     def __init__(self, model: str, batch_size: int = 32, progress_bar: bool = True, title_key: str = "title",
-                 precision: str = "auto") -> None:
+                 precision: str = "auto", length_calibration: bool = False) -> None:
         """
         :param model: Path of a rag-mag retriever checkpoint folder (written by `rag-mag train`).
         :param batch_size: Number of documents encoded at once.
@@ -56,7 +58,13 @@ class RagMagDocumentEmbedder:
         :param precision: `auto`, `bf16` or `fp32`. `auto` encodes under bfloat16 autocast only where the
             hardware computes it natively (about 2.8x faster on a CPU with avx512_bf16; embeddings agree with
             fp32 to about 1e-4 in cosine), and in fp32 elsewhere, where emulated bf16 is slower.
+        :param length_calibration: Take the part of the document norm that text length alone explains out of
+            each vector (rag_mag/retriever/length.py), fitted once per checkpoint on crops of the bundled sample
+            passages. Only where the document side keeps its magnitude (qnorm, dot, learnable); the factor is
+            recorded in `meta["embedding_length_factor"]`.
         """
+        if not isinstance(length_calibration, bool):
+            raise ValueError(f"length_calibration must be true or false, got {length_calibration!r}")
         if not isinstance(model, str) or not model.strip():
             raise ValueError(f"model must be the path of a retriever checkpoint folder, got {model!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -66,6 +74,7 @@ class RagMagDocumentEmbedder:
         self.progress_bar = progress_bar
         self.title_key = title_key
         self.precision = parse_precision(precision)
+        self.length_calibration = length_calibration
         self._checkpoint: LoadedCheckpoint | None = None
 
     def warm_up(self) -> None:
@@ -81,11 +90,38 @@ class RagMagDocumentEmbedder:
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, model=self.model, batch_size=self.batch_size, progress_bar=self.progress_bar,
-                               title_key=self.title_key, precision=self.precision)
+                               title_key=self.title_key, precision=self.precision,
+                               length_calibration=self.length_calibration)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RagMagDocumentEmbedder:
         return default_from_dict(cls, data)
+
+    def length_factors(self, texts: list[str]) -> np.ndarray | None:
+        """Each text's length factor, or None where calibration is off or the document side is normalized."""
+        if not self.length_calibration or self.checkpoint.encoder.document_treatment().normalized:
+            return None
+        from rag_mag.retriever.length import length_factors
+
+        return length_factors([len(text.split()) for text in texts], self.length_fit())
+
+    def length_fit(self):
+        """The checkpoint's fit of document norm on length, from crops of the bundled sample passages."""
+        fingerprint = self.checkpoint.fingerprint
+        if fingerprint not in _LENGTH_FITS:
+            from rag_mag.data import iter_corpus
+            from rag_mag.models import REPO_ROOT
+            from rag_mag.retriever.length import fit_length, length_crops
+
+            reference = REPO_ROOT / "data" / "sample" / "corpus.jsonl"
+            texts, words = length_crops([passage.text for passage in iter_corpus(reference)])
+            encoder = self.checkpoint.encoder
+            raw = encoder.encode(texts, side="document", batch_size=64, treated=False,
+                                 bf16=use_bf16(self.precision, encoder.device))
+            _LENGTH_FITS[fingerprint] = fit = fit_length(np.linalg.norm(raw, axis=1), words)
+            logger.info("length calibration of %s: document norm ~ words^%.3f (%d crops of %s)", self.model,
+                        fit.slope, fit.samples, reference)
+        return _LENGTH_FITS[fingerprint]
 
     @component.output_types(documents=list[Document])
     def run(self, documents: list[Document]) -> dict[str, list[Document]]:
@@ -108,12 +144,17 @@ class RagMagDocumentEmbedder:
         raw = encoder.encode(texts, side="document", batch_size=self.batch_size, treated=False,
                              show_progress=self.progress_bar,
                              bf16=use_bf16(self.precision, encoder.device))  # (n, dim)
-        treated = encoder.document_treatment().apply(torch.from_numpy(raw)).numpy()  # (n, dim)
         raw_norms = np.linalg.norm(raw, axis=1)
+        factors = self.length_factors(texts)  # (n,) or None
+        if factors is not None:
+            raw = raw * factors[:, None].astype(raw.dtype)
+        treated = encoder.document_treatment().apply(torch.from_numpy(raw)).numpy()  # (n, dim)
         embedded = []
-        for document, vector, raw_norm in zip(documents, treated, raw_norms, strict=True):
+        for index, (document, vector, raw_norm) in enumerate(zip(documents, treated, raw_norms, strict=True)):
             meta = {**(document.meta or {}), RAW_NORM_KEY: float(raw_norm),
                     CHECKPOINT_KEY: self.checkpoint.fingerprint, STRATEGY_KEY: self.checkpoint.strategy}
+            if factors is not None:
+                meta[LENGTH_FACTOR_KEY] = float(factors[index])
             embedded.append(replace(document, embedding=vector.astype(np.float32).tolist(), meta=meta))
         logger.debug("embedded %d documents with %s", len(embedded), self.model)
         return {"documents": embedded}

@@ -1,10 +1,10 @@
 """Incremental indexing of a user's files (``rag-mag index PATH... --out DIR``) through pipelines/index_files.yaml.
 
 The index folder is the plan's memory: every chunk's meta holds its ``file``, ``folder``, ``file_sha256`` and
-``chunking`` (the splitter's settings digest), and the manifest holds the retriever checkpoint. A run compares the
-files it finds with that and encodes only what differs:
+``chunking`` (a digest of the splitter's and the boilerplate cleaner's settings, ``chunking_digest``), and the
+manifest holds the retriever checkpoint. A run compares the files it finds with that and encodes only what differs:
 
-* a file is *unchanged* when its sha256, the splitter settings and the checkpoint all match: it is not read
+* a file is *unchanged* when its sha256, the chunking settings and the checkpoint all match: it is not read
   twice, not converted and not encoded;
 * a *changed* file's old chunks are deleted and its new ones written; a *removed* file (gone from a folder that
   this run walked) loses its chunks; a file given alone never removes anything else;
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import gc
+import hashlib
 import logging
 import os
 import threading
@@ -114,6 +115,17 @@ def load_files_pipeline(out: Path, retriever: Path, overrides: dict[str, Any] | 
     return build_pipeline(data, source=str(path), components={"writer": writer} if writer else None), store
 
 
+def chunking_digest(pipeline) -> str:
+    """How the pipeline makes chunks, as the plan compares it with ``meta["chunking"]``: the splitter's digest, or,
+    when a component named ``boilerplate`` removes lines before it, a digest of both their settings (other
+    boilerplate settings make other chunks of the same file)."""
+    chunking = pipeline.get_component("splitter").chunking
+    boilerplate = dict(pipeline.walk()).get("boilerplate")
+    if boilerplate is None:
+        return chunking
+    return hashlib.sha256(f"{chunking} {boilerplate.settings}".encode()).hexdigest()[:12]
+
+
 def make_plan(target, scan: Scan, chunking: str, checkpoint: str, max_bytes: int) -> tuple[FilePlan, dict]:
     """Compare what ``scan`` found with the index: the plan, and the ByteStreams of the files to encode."""
     plan = FilePlan(skipped=list(scan.refused))
@@ -193,8 +205,10 @@ def encode_files(pipeline, writer, target, plan: FilePlan, streams: dict, progre
 
 def _encode_batches(pipeline, writer, target, plan: FilePlan, streams: dict, todo: list, bar, removed: int,
                     save_every_files: int, on_progress) -> tuple[int, int]:
+    from rag_mag.components.passage_splitter import CHUNKING_KEY
     from rag_mag.ingestion.file_targets import take_staged
 
+    chunking = chunking_digest(pipeline)
     encoded, since_save, done = 0, 0, 0
     for batch in _batches(todo, FILES_PER_RUN):
         pipeline.run({"router": {"sources": [streams[f.name] for f in batch]}})
@@ -205,6 +219,10 @@ def _encode_batches(pipeline, writer, target, plan: FilePlan, streams: dict, tod
                 _no_text(plan, found)
                 target.remove(old)
             else:
+                # the splitter stamps its own digest, which does not know the boilerplate settings; the plan of the
+                # next run compares the pipeline's (chunking_digest), so that is what the chunks keep
+                for chunk in staged[found.name]:
+                    chunk.meta[CHUNKING_KEY] = chunking
                 target.replace(old, staged[found.name])
                 encoded += len(staged[found.name])
             removed += len(old)
@@ -263,8 +281,7 @@ def index_files(paths: list[str], out: Path, retriever: Path, *, include: list[s
     target = PgTarget(pg_url, table) if table else FaissTarget(FAISSDocumentStore.from_dict(store_dict), out)
     checkpoint = checkpoint_fingerprint(retriever)
     with target.session():
-        plan, streams = make_plan(target, scan, pipeline.get_component("splitter").chunking, checkpoint,
-                                  int(max_file_mb * 1e6))
+        plan, streams = make_plan(target, scan, chunking_digest(pipeline), checkpoint, int(max_file_mb * 1e6))
         if plan.checkpoint_changed:
             logger.warning("the %s was built with retriever checkpoint %s, this run uses %s: every file is encoded "
                            "again and the old vectors are dropped", f"table {table}" if table else f"index {out}",

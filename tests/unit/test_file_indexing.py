@@ -4,6 +4,7 @@ with a tiny random BERT as the retriever (the integration tier asks the real one
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ from haystack import Document
 
 from rag_mag.cli.main import main
 from rag_mag.components import faiss_index
+from rag_mag.components.boilerplate_cleaner import BoilerplateCleaner
 from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.components.passage_splitter import PassageSplitter, sentence_spans
 from rag_mag.errors import ConfigError
@@ -36,7 +38,8 @@ def test_sentences_end_at_punctuation_but_not_at_abbreviations():
 def test_passages_hold_whole_sentences_within_the_length_and_overlap():
     sentence = "one two three four five six seven eight nine ten."
     text = " ".join(sentence.replace("one", f"S{i}") for i in range(12))  # 12 sentences of 10 words
-    passages = PassageSplitter(split_length=35, split_overlap=12).run([Document(content=text)])["documents"]
+    passages = PassageSplitter(split_length=35, split_overlap=12, min_words=0).run([Document(content=text)])
+    passages = passages["documents"]
     for passage in passages:
         assert len(passage.content.split()) <= 35
         assert passage.content.startswith("S") and passage.content.endswith(".")  # whole sentences
@@ -50,21 +53,56 @@ def test_passages_hold_whole_sentences_within_the_length_and_overlap():
 
 def test_a_long_sentence_is_cut_between_words_and_pages_are_never_crossed():
     text = " ".join(f"w{i}" for i in range(250)) + "\fSecond page. Short." + "\f\fFourth page."
-    passages = PassageSplitter(split_length=100, split_overlap=0).run([Document(content=text)])["documents"]
+    passages = PassageSplitter(split_length=100, split_overlap=0, min_words=0).run([Document(content=text)])
+    passages = passages["documents"]
     assert [len(p.content.split()) for p in passages] == [100, 100, 50, 3, 2]
     assert [p.meta["page"] for p in passages] == [1, 1, 1, 2, 4]
     assert "\f" not in "".join(p.content for p in passages)
 
 
+def test_short_passages_join_a_neighbour_on_their_page_then_across_pages():
+    sentence = "one two three four five six seven eight nine ten."
+    body = " ".join([sentence] * 3)  # 30 words
+    text = f"Contents\n{body}\nSee also the manual.\f{body}\fPage 3 of 3"
+    passages = PassageSplitter(split_length=35, split_overlap=0, min_words=8).run([Document(content=text)])
+    passages = passages["documents"]
+    assert all(len(p.content.split()) >= 8 for p in passages)
+    # the heading joins the passage after it, the "See also" line the one before it; the last page, too short
+    # for a passage of its own, joins the page before it and the passage cites both pages
+    assert [p.content.split()[0] for p in passages] == ["Contents", "one"]
+    assert passages[0].content.endswith("See also the manual.")
+    assert (passages[1].meta["page"], passages[1].meta["page_end"]) == (2, 3)
+    assert "page_end" not in passages[0].meta
+    for passage in passages:
+        assert text[passage.meta["char_start"]:passage.meta["char_end"]] == passage.content
+    # a source shorter than min_words in all is one passage, the whole of it, pages joined
+    whole = PassageSplitter(min_words=8).run([Document(content="See also\fthe manual.")])["documents"]
+    assert [(p.content, p.meta["page"], p.meta["page_end"]) for p in whole] == [("See also\fthe manual.", 1, 2)]
+
+
+def test_min_words_is_part_of_the_chunking_digest_and_checked():
+    assert PassageSplitter(min_words=10).chunking != PassageSplitter(min_words=20).chunking
+    assert PassageSplitter(min_words=0).chunking == PassageSplitter(min_words=1).chunking  # both keep everything
+    with pytest.raises(ValueError, match="min_words"):
+        PassageSplitter(split_length=10, split_overlap=0, min_words=11)
+    with pytest.raises(ValueError, match="min_words"):
+        PassageSplitter(min_words=-1)
+    splitter = PassageSplitter(min_words=12)
+    assert PassageSplitter.from_dict(splitter.to_dict()).min_words == 12
+
+
 def test_ids_are_stable_and_follow_the_file_and_the_settings():
     source = Document(content="Alpha is first. Beta is second. Gamma is third.",
                       meta={"file": "a.txt", "file_sha256": "1" * 64})
-    ids = [p.id for p in PassageSplitter(split_length=4, split_overlap=0).run([source])["documents"]]
-    again = [p.id for p in PassageSplitter(split_length=4, split_overlap=0).run([source])["documents"]]
+    def ids_of(document: Document, **settings) -> list[str]:
+        return [p.id for p in PassageSplitter(**settings, min_words=0).run([document])["documents"]]
+
+    ids = ids_of(source, split_length=4, split_overlap=0)
+    again = ids_of(source, split_length=4, split_overlap=0)
     assert ids == again and len(set(ids)) == 3
     renamed = Document(content=source.content, meta={**source.meta, "file": "b.txt"})
-    assert not set(ids) & {p.id for p in PassageSplitter(split_length=4, split_overlap=0).run([renamed])["documents"]}
-    other_settings = {p.id for p in PassageSplitter(split_length=5, split_overlap=1).run([source])["documents"]}
+    assert not set(ids) & set(ids_of(renamed, split_length=4, split_overlap=0))
+    other_settings = set(ids_of(source, split_length=5, split_overlap=1))
     assert not set(ids) & other_settings
 
 
@@ -79,7 +117,8 @@ def test_splitter_settings_are_checked_and_round_trip():
 
 def test_headings_come_from_heading_lines():
     text = "Engines\nThe engine has six cylinders. It runs on diesel.\nWheels\nThere are twelve wheels."
-    passages = PassageSplitter(split_length=6, split_overlap=0).run([Document(content=text)])["documents"]
+    passages = PassageSplitter(split_length=6, split_overlap=0, min_words=0).run([Document(content=text)])
+    passages = passages["documents"]
     # a passage's heading is that of the section where it starts
     assert [(p.meta.get("heading"), p.content.split()[-1]) for p in passages] == [
         ("Engines", "cylinders."), ("Engines", "Wheels"), ("Wheels", "wheels.")]
@@ -201,8 +240,9 @@ def test_the_cli_prints_one_summary_line_and_removes_a_file(retriever, tmp_path,
                  "--exclude", "*.html"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and lines[-1].startswith("files: 4 added, 0 changed, 0 removed, 0 unchanged, 0 skipped")
+    splitter = PassageSplitter(split_length=50, split_overlap=20)  # and the pipeline's boilerplate cleaner
     assert {d.meta["chunking"] for d in stored(out).values()} == {
-        PassageSplitter(split_length=50, split_overlap=20).chunking}
+        hashlib.sha256(f"{splitter.chunking} {BoilerplateCleaner().settings}".encode()).hexdigest()[:12]}
     assert main(["index", "--remove", "notes/*.md", "--out", str(out)]) == 0
     assert "removed 1 file(s)" in capsys.readouterr().out
     assert "notes/river.md" not in {d.meta["file"] for d in stored(out).values()}

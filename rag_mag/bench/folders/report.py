@@ -1,0 +1,90 @@
+"""The real-documents report: ``report.md`` (a table per collection, then norm by length) and ``results.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_mag import durable
+from rag_mag.bench.stats import bootstrap_ci, compare_paired
+
+METRICS = ("file@1", "file@5", "page@1", "page@5")
+
+
+def summarize(cell: dict[str, Any]) -> dict[str, Any]:
+    """Means (0-100) with 95% bootstrap intervals of a cell's per-question values, and its index figures."""
+    summary: dict[str, Any] = {"n_chunks": cell["n_chunks"], "hubness@5": 100 * cell["hubness@5"]}
+    for metric in METRICS:
+        values = cell["per_question"].get(metric) or []
+        if values:
+            low, high = bootstrap_ci(values)
+            summary[metric] = {"mean": 100 * float(np.mean(values)), "ci": [100 * low, 100 * high],
+                               "n": len(values)}
+    words = cell["chunk_words"]
+    summary["median_words"] = float(np.median(words)) if words else 0.0
+    summary["chunks_under_25_words"] = int(sum(1 for count in words if count < 25))
+    summary["norm_by_length"] = cell.get("norm_by_length")
+    return summary
+
+
+def _cell_text(summary: dict[str, Any], metric: str) -> str:
+    value = summary.get(metric)
+    if not value:
+        return "-"
+    return f"{value['mean']:.1f} [{value['ci'][0]:.1f}, {value['ci'][1]:.1f}]"
+
+
+def _comparisons(cells: dict, collection: str, systems: list[str]) -> list[str]:
+    """Each system against the first one (the default) on file@5, paired over the same questions."""
+    lines, first = [], cells.get((collection, systems[0]))
+    if first is None:
+        return lines
+    for name in systems[1:]:
+        other = cells.get((collection, name))
+        if other is None or not first["per_question"]["file@5"]:
+            continue
+        comparison = compare_paired(first["per_question"]["file@5"], other["per_question"]["file@5"])
+        data = comparison.to_dict(scale=100)
+        lines.append(f"- file@5, {systems[0]} minus {name}: {data['delta']:+.1f} "
+                     f"[{data['delta_ci'][0]:+.1f}, {data['delta_ci'][1]:+.1f}], p = {data['p_value']:.3f}")
+    return lines
+
+
+def write_report(config, collections: list[str], cells: dict, out: Path) -> None:
+    systems = [spec.name for spec in config.systems]
+    results: dict[str, Any] = {"name": config.name, "split": config.split, "collections": {}}
+    lines = [f"# Real documents: {config.name} ({config.split} split)", "",
+             "file@k: an answerable question's file is among the first k chunks; page@k: its page too (PDFs whose "
+             "questions name a page). hubness@5: the share of questions whose top 5 holds one of the 1% of chunks "
+             "retrieved most often. 95% bootstrap intervals in brackets.", ""]
+    for collection in collections:
+        results["collections"][collection] = {}
+        lines += [f"## {collection}", "", "| system | file@1 | file@5 | page@1 | page@5 | hubness@5 | chunks | "
+                  "median words | chunks < 25 words |", "|---|---|---|---|---|---|---|---|---|"]
+        for name in systems:
+            cell = cells.get((collection, name))
+            if cell is None:
+                continue
+            summary = summarize(cell)
+            results["collections"][collection][name] = summary
+            lines.append(f"| {name} | " + " | ".join(_cell_text(summary, m) for m in METRICS)
+                         + f" | {summary['hubness@5']:.1f} | {summary['n_chunks']} | {summary['median_words']:.0f} | "
+                         f"{summary['chunks_under_25_words']} |")
+        lines += ["", *_comparisons(cells, collection, systems), ""]
+    lines += ["## Document norm by chunk length", "",
+              "Median raw document norm of the chunks in each length band, relative to the median of the index, and "
+              "Spearman's correlation of norm and length (rag-mag systems; Haystack's stock embedder normalizes).", "",
+              "| collection | system | rho | 1-5 | 5-15 | 15-40 | 40-80 | 80+ |", "|---|---|---|---|---|---|---|---|"]
+    for collection in results["collections"]:
+        for name in systems:
+            figures = (results["collections"][collection].get(name) or {}).get("norm_by_length")
+            if figures:
+                bands = " | ".join("-" if b["relative_norm"] is None else f"{b['relative_norm']:.2f} ({b['chunks']})"
+                                   for b in figures["bands"])
+                lines.append(f"| {collection} | {name} | {figures['spearman']:+.2f} | {bands} |")
+    out.mkdir(parents=True, exist_ok=True)
+    durable.write_text(out / "results.json", json.dumps(results, indent=1))
+    durable.write_text(out / "report.md", "\n".join(lines) + "\n")

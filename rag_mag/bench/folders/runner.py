@@ -1,0 +1,199 @@
+"""The real-documents benchmark: every system indexes every collection's folder and ranks its chunks for the
+questions of one split; file@1, file@5, page@1 and page@5 per question, hubness and norm-by-length per index.
+
+A config (``eval/configs/realdocs.yaml``) names the collections, the split and the systems. Work is split into
+cells, a collection x a system, each saved as JSON under ``<report>/cells/`` with the key of what it depends on (the
+system's settings, the retriever's checkpoint, the questions file); a rerun reuses a cell whose key still matches,
+so an interrupted run resumes. Indexes live under ``artifacts/bench/folders/`` and are incremental (a rerun of
+``index_files`` on an unchanged folder encodes nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rag_mag import durable
+from rag_mag.errors import ConfigError
+from rag_mag.metrics.files import file_at_k, hubness, norm_by_length, page_at_k
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("validation", "test")
+SYSTEM_KINDS = ("rag_mag", "haystack", "haystack_bm25")
+RANK_K = 10
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    kind: str
+    retriever: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def retriever_path(self) -> Path:
+        """The checkpoint folder; a relative path is relative to the repository."""
+        from rag_mag.models import REPO_ROOT
+
+        path = Path(self.retriever or "")
+        return path if path.is_absolute() else REPO_ROOT / path
+
+    def key(self) -> str:
+        """What the system's cells depend on: its kind, settings and checkpoint, and the files pipeline's text
+        (both kinds read its converters)."""
+        from rag_mag.components.checkpoints import checkpoint_fingerprint
+        from rag_mag.serving.pipelines import default_pipeline
+
+        checkpoint = checkpoint_fingerprint(self.retriever_path()) if self.retriever else None
+        pipeline = durable.sha256_of(default_pipeline("index_files"))
+        return hashlib.sha256(json.dumps([self.kind, checkpoint, self.overrides, pipeline], sort_keys=True).encode()
+                              ).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class FoldersConfig:
+    name: str
+    collections: list[str]
+    systems: list[SystemSpec]
+    split: str = "validation"
+    output_dir: str | None = None
+
+    def out_dir(self) -> Path:
+        from rag_mag.models import REPO_ROOT
+
+        return Path(self.output_dir) if self.output_dir else REPO_ROOT / "eval" / "reports" / self.name
+
+
+def load_folders_config(path: str | Path, overrides: dict[str, Any] | None = None) -> FoldersConfig:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read the benchmark config {path}: {error}") from None
+    data = {**(data or {}), **(overrides or {})}
+    unknown = set(data) - {"name", "collections", "systems", "split", "output_dir", "notes"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown keys {sorted(unknown)}; a real-documents config has name, collections, "
+                          "systems, split, output_dir and notes")
+    if data.get("split", "validation") not in SPLITS:
+        raise ConfigError(f"{path}: split must be one of {', '.join(SPLITS)}, got {data.get('split')!r}")
+    systems = []
+    for entry in data.get("systems") or []:
+        if not isinstance(entry, dict) or entry.get("kind") not in SYSTEM_KINDS or not entry.get("name"):
+            raise ConfigError(f"{path}: each system needs a name and a kind ({', '.join(SYSTEM_KINDS)}), got "
+                              f"{entry!r}")
+        if entry["kind"] == "rag_mag" and not entry.get("retriever"):
+            raise ConfigError(f"{path}: system {entry['name']} (rag_mag) needs a retriever checkpoint folder")
+        systems.append(SystemSpec(entry["name"], entry["kind"], entry.get("retriever"), dict(entry.get("set") or {})))
+    if not systems or not data.get("collections") or not data.get("name"):
+        raise ConfigError(f"{path}: name, collections and systems are required")
+    return FoldersConfig(name=str(data["name"]), collections=list(data["collections"]), systems=systems,
+                         split=data.get("split", "validation"), output_dir=data.get("output_dir"))
+
+
+def make_system(spec: SystemSpec):
+    from rag_mag.bench.folders.systems import HaystackStockSystem, RagMagSystem
+
+    if spec.kind == "rag_mag":
+        retriever = spec.retriever_path()
+        if not retriever.is_dir():
+            raise ConfigError(f"system {spec.name}: no retriever checkpoint at {retriever}")
+        return RagMagSystem(spec.name, retriever, dict(spec.overrides))
+    return HaystackStockSystem(spec.name, mode="bm25" if spec.kind == "haystack_bm25" else "embedding")
+
+
+def score_rankings(questions, rankings: list[list[str]], chunks: dict) -> dict[str, Any]:
+    """Per-question file@1/5 and page@1/5 of answerable questions (page only where a page is known)."""
+    per: dict[str, list[float]] = {"file@1": [], "file@5": [], "page@1": [], "page@5": []}
+    ids: dict[str, list[str]] = {"file": [], "page": []}
+    for question, ranking in zip(questions, rankings, strict=True):
+        if not question.answerable:
+            continue
+        files = [chunks[chunk_id].file for chunk_id in ranking]
+        per["file@1"].append(file_at_k(files, question.files, 1))
+        per["file@5"].append(file_at_k(files, question.files, 5))
+        ids["file"].append(question.id)
+        if question.pages:
+            pages = [(chunks[c].file, chunks[c].page, chunks[c].page_end) for c in ranking]
+            per["page@1"].append(page_at_k(pages, question.files, question.pages, 1))
+            per["page@5"].append(page_at_k(pages, question.files, question.pages, 5))
+            ids["page"].append(question.id)
+    return {"per_question": per, "question_ids": ids}
+
+
+def run_cell(spec: SystemSpec, collection, questions, index_dir: Path) -> dict[str, Any]:
+    started = time.perf_counter()
+    system = make_system(spec)
+    system.index(collection.folder / "files" if (collection.folder / "files").is_dir() else collection.folder,
+                 index_dir)
+    chunks = {chunk.id: chunk for chunk in system.chunks()}
+    rankings = system.rank([q.question for q in questions], RANK_K)
+    cell = score_rankings(questions, rankings, chunks)
+    norms = [(c.raw_norm, c.words) for c in chunks.values() if c.raw_norm is not None]
+    cell.update({
+        "system": spec.name, "collection": collection.name, "n_chunks": len(chunks),
+        "chunk_words": sorted(c.words for c in chunks.values()),
+        "hubness@5": hubness(rankings, len(chunks), k=5, share=0.01),
+        "norm_by_length": norm_by_length(*zip(*norms, strict=True)) if len(norms) > 1 else None,
+        "rankings": {q.id: ranking for q, ranking in zip(questions, rankings, strict=True)},
+        "seconds": round(time.perf_counter() - started, 1)})
+    return cell
+
+
+class FoldersRunner:
+    def __init__(self, config: FoldersConfig, data_root: Path, only: list[str] | None = None) -> None:
+        names = [s.name for s in config.systems]
+        unknown = [name for name in only or () if name not in names]
+        if unknown:
+            raise ConfigError(f"--only: {', '.join(unknown)} is not a system of this config; its systems are: "
+                              + ", ".join(names))
+        self.config, self.data_root, self.only = config, data_root, list(only or ())
+
+    def collection(self, entry: str):
+        """A collection of the registry by name (prepared once under artifacts/), or a folder of a user's own
+        (``files/`` and ``questions.jsonl``, see rag_mag/bench/folders/collections.py) by path."""
+        from rag_mag.bench.folders.collections import COLLECTIONS, load_collection, prepare_collection
+        from rag_mag.models import artifacts_dir
+
+        if entry in COLLECTIONS:
+            return prepare_collection(entry, artifacts_dir() / "bench" / "collections" / entry, self.data_root)
+        if not Path(entry).is_dir():
+            raise ConfigError(f"collection {entry!r} is neither a known collection ({', '.join(COLLECTIONS)}) nor a "
+                              "folder holding files/ and questions.jsonl")
+        return load_collection(Path(entry))
+
+    def run(self) -> Path:
+        from rag_mag.bench.folders.collections import question_split, read_questions
+        from rag_mag.bench.folders.report import write_report
+        from rag_mag.models import artifacts_dir
+
+        out = self.config.out_dir()
+        cells, names = {}, []
+        for entry in self.config.collections:
+            collection = self.collection(entry)
+            name = collection.name
+            names.append(name)
+            questions = question_split(read_questions(collection.questions_path), self.config.split)
+            digest = durable.sha256_of(collection.questions_path)
+            for spec in self.config.systems:
+                if self.only and spec.name not in self.only:
+                    continue
+                key = hashlib.sha256(f"{spec.key()} {digest} {self.config.split}".encode()).hexdigest()[:12]
+                path = out / "cells" / f"{name}__{spec.name}.json"
+                cell = json.loads(path.read_text()) if path.is_file() else None
+                if cell is None or cell.get("key") != key:
+                    logger.info("scoring %s on %s (%d questions)", spec.name, name, len(questions))
+                    index_dir = artifacts_dir() / "bench" / "folders" / name / f"{spec.name}-{spec.key()}"
+                    cell = {**run_cell(spec, collection, questions, index_dir), "key": key}
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    durable.write_text(path, json.dumps(cell))
+                cells[(name, spec.name)] = cell
+        if not self.only:
+            write_report(self.config, names, cells, out)
+        return out

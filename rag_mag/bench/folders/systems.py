@@ -1,0 +1,158 @@
+"""The systems of the real-documents benchmark: each indexes a folder of files and ranks its chunks for a question.
+
+* ``RagMagSystem``: rag-mag as a user runs it. The folder goes through ``pipelines/index_files.yaml`` by
+  ``index_files`` (the same code as ``rag-mag index FOLDER``), with a retriever checkpoint and any overrides of
+  the pipeline's short parameters (``min_words`` for today's chunking against the old one, for example); questions
+  are ranked through ``pipelines/retrieve.yaml``.
+* ``HaystackStockSystem``: Haystack's own pipeline as its documentation builds it, for comparison: the same
+  converters (the router and converters of index_files.yaml, so both read the same text), Haystack's
+  ``DocumentCleaner`` and ``DocumentSplitter`` (100 words, 20 overlap), ``SentenceTransformersDocumentEmbedder``
+  with the packaged MiniLM (Normalize kept: cosine), an ``InMemoryDocumentStore``, and either
+  ``InMemoryEmbeddingRetriever`` (``mode="embedding"``) or ``InMemoryBM25Retriever`` (``mode="bm25"``).
+
+Both give chunks as ``Chunk`` (id, file, pages, words, raw norm where there is one) and rankings as chunk ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag_mag.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+STOCK_SPLIT_LENGTH = 100
+STOCK_SPLIT_OVERLAP = 20
+CONVERTERS = ("router", "text", "markdown", "html", "pdf", "docx", "joiner")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    id: str
+    file: str
+    page: int | None
+    page_end: int | None
+    words: int
+    raw_norm: float | None
+
+
+def chunk_of(document) -> Chunk:
+    from rag_mag.components.document_embedder import RAW_NORM_KEY
+
+    meta = document.meta or {}
+    page = meta.get("page", meta.get("page_number"))  # rag-mag's splitter, or Haystack's
+    return Chunk(id=document.id, file=str(meta.get("file")), page=page, page_end=meta.get("page_end", page),
+                 words=len((document.content or "").split()), raw_norm=meta.get(RAW_NORM_KEY))
+
+
+@dataclass
+class RagMagSystem:
+    """rag-mag's files pipeline with ``retriever`` and ``overrides`` of index_files.yaml's parameters."""
+
+    name: str
+    retriever: Path
+    overrides: dict[str, Any] = field(default_factory=dict)
+    pipeline: Any = None
+    store: Any = None
+
+    def index(self, folder: Path, out: Path) -> None:
+        from rag_mag.components.faiss_document_store import FAISSDocumentStore
+        from rag_mag.ingestion.file_indexing import index_files
+
+        summary = index_files([str(folder)], out, self.retriever, overrides=dict(self.overrides), progress=True)
+        if summary.plan.skipped:
+            logger.warning("%s: %d files skipped: %s", self.name, len(summary.plan.skipped), summary.plan.skipped[:3])
+        self.store = FAISSDocumentStore(path=str(out))
+        self.pipeline = None
+        self._out = out
+
+    def chunks(self) -> list[Chunk]:
+        return [chunk_of(document) for document in self.store.filter_documents()]
+
+    def rank(self, questions: list[str], top_k: int) -> list[list[str]]:
+        from rag_mag.serving.pipelines import default_pipeline, load_pipeline, question_inputs
+
+        if self.pipeline is None:
+            self.pipeline = load_pipeline(default_pipeline("retrieve"), {
+                "index": str(self._out), "retriever": str(self.retriever), "top_k": top_k})
+            self.pipeline.warm_up()
+        rankings = []
+        for question in questions:
+            result = self.pipeline.run(question_inputs(self.pipeline, question))
+            rankings.append([document.id for document in result["retriever"]["documents"]])
+        return rankings
+
+
+@dataclass
+class HaystackStockSystem:
+    """Haystack's stock pipeline: its splitter, the packaged MiniLM through sentence-transformers, cosine (or BM25)."""
+
+    name: str
+    mode: str = "embedding"
+    model: str | None = None
+    store: Any = None
+    _query_embedder: Any = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("embedding", "bm25"):
+            raise ConfigError(f"HaystackStockSystem mode must be 'embedding' or 'bm25', got {self.mode!r}")
+
+    def _converters(self):
+        """index_files.yaml's router and converters, built from the YAML itself."""
+        from haystack import Pipeline
+
+        from rag_mag.serving.pipelines import build_pipeline, default_pipeline, read_pipeline_dict
+
+        data = read_pipeline_dict(default_pipeline("index_files"))
+        components = {name: spec for name, spec in data["components"].items() if name in CONVERTERS}
+        connections = [c for c in data["connections"] if c["sender"].split(".")[0] in CONVERTERS
+                       and c["receiver"].split(".")[0] in CONVERTERS]
+        built: Pipeline = build_pipeline({**data, "components": components, "connections": connections},
+                                         source="index_files.yaml converters")
+        return built
+
+    def index(self, folder: Path, out: Path) -> None:
+        from haystack.components.preprocessors import DocumentCleaner, DocumentSplitter
+        from haystack.document_stores.in_memory import InMemoryDocumentStore
+
+        from rag_mag.ingestion.files import find_files, read_file
+        from rag_mag.models import default_retriever_base
+
+        scan = find_files([str(folder)])
+        streams = [stream for stream, _ in (read_file(found, 50_000_000) for found in scan.files) if stream]
+        converted = self._converters().run({"router": {"sources": streams}})["joiner"]["documents"]
+        cleaned = DocumentCleaner().run(converted)["documents"]
+        chunks = DocumentSplitter(split_by="word", split_length=STOCK_SPLIT_LENGTH,
+                                  split_overlap=STOCK_SPLIT_OVERLAP).run(cleaned)["documents"]
+        self.store = InMemoryDocumentStore(embedding_similarity_function="cosine")
+        if self.mode == "embedding":
+            from haystack_integrations.components.embedders.sentence_transformers import (
+                SentenceTransformersDocumentEmbedder,
+            )
+
+            self.model = self.model or default_retriever_base()
+            embedder = SentenceTransformersDocumentEmbedder(model=self.model, progress_bar=True, batch_size=64)
+            embedder.warm_up()
+            chunks = embedder.run(chunks)["documents"]
+        self.store.write_documents(chunks)
+
+    def chunks(self) -> list[Chunk]:
+        return [chunk_of(document) for document in self.store.filter_documents()]
+
+    def rank(self, questions: list[str], top_k: int) -> list[list[str]]:
+        from haystack.components.retrievers.in_memory import InMemoryBM25Retriever, InMemoryEmbeddingRetriever
+
+        if self.mode == "bm25":
+            retriever = InMemoryBM25Retriever(self.store, top_k=top_k)
+            return [[d.id for d in retriever.run(query=q)["documents"]] for q in questions]
+        from haystack_integrations.components.embedders.sentence_transformers import SentenceTransformersTextEmbedder
+
+        if self._query_embedder is None:
+            self._query_embedder = SentenceTransformersTextEmbedder(model=self.model, progress_bar=False)
+            self._query_embedder.warm_up()
+        retriever = InMemoryEmbeddingRetriever(self.store, top_k=top_k)
+        return [[d.id for d in retriever.run(query_embedding=self._query_embedder.run(q)["embedding"])["documents"]]
+                for q in questions]
