@@ -112,6 +112,9 @@ def _add_file_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
                         help="override a component parameter of the files pipeline (repeatable)")
     parser.add_argument("--json", action="store_true", help="for PATHs: print the summary as JSON as well")
+    parser.add_argument("--no-hubness", action="store_true",
+                        help="for PATHs into a FAISS index: skip the hubness line of the summary (200 sampled "
+                             "chunks asked as questions, a few seconds; only after a run that changed the index)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,9 +207,17 @@ def run_files(args: argparse.Namespace) -> int:
                              ("remove", summary.plan.removed)):
             for name in names:
                 print(f"would {label}: {name}")
+    figures = None
+    changed = summary.chunks_encoded or summary.chunks_removed
+    if not (args.dry_run or args.no_hubness or table or not changed):
+        from rag_mag.ingestion.hubness import hubness_line, index_hubness
+
+        figures = index_hubness(Path(args.out), Path(args.retriever))
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=2, ensure_ascii=False))
+        print(json.dumps({**summary.to_dict(), "hubness": figures}, indent=2, ensure_ascii=False))
     print(summary.line())
+    if figures:
+        print(hubness_line(figures))
     return summary.exit_code
 
 

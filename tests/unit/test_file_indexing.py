@@ -234,6 +234,26 @@ def test_another_checkpoint_re_embeds_everything(retriever, tmp_path):
     assert manifest["strategy"] == "cosine" and manifest["count"] == first.chunks_encoded
 
 
+def test_the_summary_gives_the_index_hubness_after_a_change(retriever, tmp_path, capsys):
+    docs, out = tmp_path / "docs", tmp_path / "index"
+    docs.mkdir()
+    for number in range(15):  # 15 files of 660 words: about 120 chunks
+        lines = (f"Item {number}-{line} of the catalogue describes part {number * 100 + line} in detail."
+                 for line in range(60))
+        (docs / f"part{number}.txt").write_text(" ".join(lines))
+    assert main(["index", str(docs), "--out", str(out), "--retriever", str(retriever), "--json"]) == 0
+    printed = capsys.readouterr().out
+    figures = json.loads(printed[:printed.rindex("}") + 1])["hubness"]
+    assert figures["chunks"] >= 100 and figures["queries"] == min(200, figures["chunks"])
+    assert 0 <= figures["hubness@5"] <= 100 and figures["top_hub"]["file"].startswith("part")
+    assert printed.strip().splitlines()[-1].startswith(f"hubness@5: {figures['hubness@5']:.1f}% of ")
+    assert main(["index", str(docs), "--out", str(out), "--retriever", str(retriever)]) == 0
+    assert "hubness" not in capsys.readouterr().out  # nothing changed: no figure computed again
+    (docs / "part0.txt").write_text("A changed file of the catalogue, with a single sentence that is long enough.")
+    assert main(["index", str(docs), "--out", str(out), "--retriever", str(retriever), "--no-hubness"]) == 0
+    assert "hubness" not in capsys.readouterr().out
+
+
 def test_the_cli_prints_one_summary_line_and_removes_a_file(retriever, tmp_path, capsys):
     docs, out = write_folder(tmp_path / "docs"), tmp_path / "index"
     code = main(["index", str(docs), "--out", str(out), "--retriever", str(retriever), "--split-length", "50",
