@@ -8,6 +8,8 @@ import math
 
 import pytest
 
+from rag_mag.bench.folders.answers import fact_recall, fact_terms, score_answers
+from rag_mag.bench.folders.collections import RealQuestion
 from rag_mag.bench.folders.runner import load_folders_config
 from rag_mag.cli.main import main
 from rag_mag.errors import ConfigError
@@ -78,7 +80,7 @@ def test_bench_scores_a_folder_collection_and_reuses_its_cells(tmp_path, tiny_co
     monkeypatch.setenv("RAG_MAG_ARTIFACTS", str(tmp_path / "artifacts"))
     checkpoint = tiny_encoder(tmp_path / "tok", "qnorm", seed=3).save(tmp_path / "retriever")
     config = tmp_path / "docs.yaml"
-    config.write_text(f"name: docs\nsplit: validation\ncollections: [{tiny_collection}]\nsystems:\n"
+    config.write_text(f"name: docs\nsplit: validation\nreader: null\ncollections: [{tiny_collection}]\nsystems:\n"
                       f"  - {{name: qnorm, kind: rag_mag, retriever: {checkpoint}}}\n"
                       f"  - {{name: qnorm_all_chunks, kind: rag_mag, retriever: {checkpoint}, set: {{min_words: 0}}}}\n"
                       "  - {name: bm25, kind: haystack_bm25}\n")
@@ -119,3 +121,24 @@ def test_an_unknown_collection_and_bench_only_flags_are_refused(tmp_path, capsys
     assert "neither a known collection" in capsys.readouterr().err
     assert main(["bench", str(config), "--max-questions", "3"]) == 2
     assert "not options of the real-documents benchmark" in capsys.readouterr().err
+
+
+def test_fact_recall_counts_the_numbers_and_names_of_a_long_reference():
+    reference = "Apple's net sales were $81.8 billion in the quarter, and Services grew to 21,213 million."
+    assert fact_terms(reference) == {"81.8", "21213", "services"}
+    assert fact_recall("$81.8 billion", reference) == pytest.approx(1 / 3)
+    assert fact_recall("Net sales: 81.8 billion; services 21,213", reference) == pytest.approx(1.0)
+    assert fact_recall("anything", "no facts here at all") is None
+
+
+def test_answers_are_scored_by_kind_and_unanswerable_questions_are_left_out():
+    def question(qid, answers, kind="short"):
+        return RealQuestion(id=qid, collection="c", question="?", answers=tuple(answers), answer_type=kind,
+                            files=("a.txt",) if answers else (), pages=None, answerable=bool(answers),
+                            split="validation")
+
+    questions = [question("s", ["Oskar"]), question("l", ["It opened in 1982 in Bremen."], "long"),
+                 question("u", [])]
+    scores = score_answers(questions, {"s": "The keeper is Oskar", "l": "1982", "u": "Samuel Johnson"})
+    assert scores["em"] == [0.0] and scores["accuracy"] == [1.0] and 0 < scores["f1"][0] < 1
+    assert scores["fact_recall"] == [0.5]  # 1982 said, Bremen not

@@ -12,6 +12,7 @@ from rag_mag import durable
 from rag_mag.bench.stats import bootstrap_ci, compare_paired
 
 METRICS = ("file@1", "file@5", "page@1", "page@5")
+ANSWER_METRICS = ("em", "f1", "accuracy", "fact_recall")
 
 
 def summarize(cell: dict[str, Any]) -> dict[str, Any]:
@@ -19,6 +20,11 @@ def summarize(cell: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {"n_chunks": cell["n_chunks"], "hubness@5": 100 * cell["hubness@5"]}
     for metric in METRICS:
         values = cell["per_question"].get(metric) or []
+        if values:
+            low, high = bootstrap_ci(values)
+            summary[metric] = {"mean": 100 * float(np.mean(values)), "ci": [100 * low, 100 * high],
+                               "n": len(values)}
+    for metric, values in (cell.get("answer_scores") or {}).items():
         if values:
             low, high = bootstrap_ci(values)
             summary[metric] = {"mean": 100 * float(np.mean(values)), "ci": [100 * low, 100 * high],
@@ -37,19 +43,25 @@ def _cell_text(summary: dict[str, Any], metric: str) -> str:
     return f"{value['mean']:.1f} [{value['ci'][0]:.1f}, {value['ci'][1]:.1f}]"
 
 
+def _values(cell: dict[str, Any], metric: str) -> list[float]:
+    return cell["per_question"].get(metric) or (cell.get("answer_scores") or {}).get(metric) or []
+
+
 def _comparisons(cells: dict, collection: str, systems: list[str]) -> list[str]:
-    """Each system against the first one (the default) on file@5, paired over the same questions."""
+    """Each system against the first one (the default) on file@5 and answer accuracy (or fact recall), paired
+    over the same questions."""
     lines, first = [], cells.get((collection, systems[0]))
     if first is None:
         return lines
-    for name in systems[1:]:
-        other = cells.get((collection, name))
-        if other is None or not first["per_question"]["file@5"]:
-            continue
-        comparison = compare_paired(first["per_question"]["file@5"], other["per_question"]["file@5"])
-        data = comparison.to_dict(scale=100)
-        lines.append(f"- file@5, {systems[0]} minus {name}: {data['delta']:+.1f} "
-                     f"[{data['delta_ci'][0]:+.1f}, {data['delta_ci'][1]:+.1f}], p = {data['p_value']:.3f}")
+    for metric in ("file@5", "accuracy", "fact_recall"):
+        for name in systems[1:]:
+            other = cells.get((collection, name))
+            mine, theirs = _values(first, metric), _values(other, metric) if other else []
+            if not mine or len(mine) != len(theirs):
+                continue
+            data = compare_paired(mine, theirs).to_dict(scale=100)
+            lines.append(f"- {metric}, {systems[0]} minus {name}: {data['delta']:+.1f} "
+                         f"[{data['delta_ci'][0]:+.1f}, {data['delta_ci'][1]:+.1f}], p = {data['p_value']:.3f}")
     return lines
 
 
@@ -58,19 +70,23 @@ def write_report(config, collections: list[str], cells: dict, out: Path) -> None
     results: dict[str, Any] = {"name": config.name, "split": config.split, "collections": {}}
     lines = [f"# Real documents: {config.name} ({config.split} split)", "",
              "file@k: an answerable question's file is among the first k chunks; page@k: its page too (PDFs whose "
-             "questions name a page). hubness@5: the share of questions whose top 5 holds one of the 1% of chunks "
-             "retrieved most often. 95% bootstrap intervals in brackets.", ""]
+             "questions name a page). EM, F1 and accuracy (a reference alias occurs in the answer): answerable "
+             "questions with a short reference answer; fact recall: the share of a long reference answer's numbers "
+             "and names that the answer states; the reader answers from the system's first 3 chunks. hubness@5: "
+             "the share of questions whose top 5 holds one of the 1% of chunks retrieved most often. 95% bootstrap "
+             "intervals in brackets.", ""]
     for collection in collections:
         results["collections"][collection] = {}
-        lines += [f"## {collection}", "", "| system | file@1 | file@5 | page@1 | page@5 | hubness@5 | chunks | "
-                  "median words | chunks < 25 words |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {collection}", "", "| system | file@1 | file@5 | page@1 | page@5 | EM | F1 | accuracy | "
+                  "fact recall | hubness@5 | chunks | median words | chunks < 25 words |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name in systems:
             cell = cells.get((collection, name))
             if cell is None:
                 continue
             summary = summarize(cell)
             results["collections"][collection][name] = summary
-            lines.append(f"| {name} | " + " | ".join(_cell_text(summary, m) for m in METRICS)
+            lines.append(f"| {name} | " + " | ".join(_cell_text(summary, m) for m in METRICS + ANSWER_METRICS)
                          + f" | {summary['hubness@5']:.1f} | {summary['n_chunks']} | {summary['median_words']:.0f} | "
                          f"{summary['chunks_under_25_words']} |")
         lines += ["", *_comparisons(cells, collection, systems), ""]

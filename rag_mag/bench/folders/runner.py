@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from rag_mag import durable
+from rag_mag.bench.folders.answers import MAX_TOKENS, RAG_TOP_K
 from rag_mag.errors import ConfigError
 from rag_mag.metrics.files import file_at_k, hubness, norm_by_length, page_at_k
 
@@ -64,6 +65,8 @@ class FoldersConfig:
     systems: list[SystemSpec]
     split: str = "validation"
     output_dir: str | None = None
+    reader: str | None = "smollm2-135m-reader"  # None: rank only, no answers
+    llm_url: str | None = None
 
     def out_dir(self) -> Path:
         from rag_mag.models import REPO_ROOT
@@ -77,10 +80,10 @@ def load_folders_config(path: str | Path, overrides: dict[str, Any] | None = Non
     except (OSError, yaml.YAMLError) as error:
         raise ConfigError(f"cannot read the benchmark config {path}: {error}") from None
     data = {**(data or {}), **(overrides or {})}
-    unknown = set(data) - {"name", "collections", "systems", "split", "output_dir", "notes"}
+    unknown = set(data) - {"name", "collections", "systems", "split", "output_dir", "notes", "reader", "llm_url"}
     if unknown:
         raise ConfigError(f"{path}: unknown keys {sorted(unknown)}; a real-documents config has name, collections, "
-                          "systems, split, output_dir and notes")
+                          "systems, split, reader, llm_url, output_dir and notes")
     if data.get("split", "validation") not in SPLITS:
         raise ConfigError(f"{path}: split must be one of {', '.join(SPLITS)}, got {data.get('split')!r}")
     systems = []
@@ -94,7 +97,8 @@ def load_folders_config(path: str | Path, overrides: dict[str, Any] | None = Non
     if not systems or not data.get("collections") or not data.get("name"):
         raise ConfigError(f"{path}: name, collections and systems are required")
     return FoldersConfig(name=str(data["name"]), collections=list(data["collections"]), systems=systems,
-                         split=data.get("split", "validation"), output_dir=data.get("output_dir"))
+                         split=data.get("split", "validation"), output_dir=data.get("output_dir"),
+                         reader=data.get("reader", "smollm2-135m-reader"), llm_url=data.get("llm_url"))
 
 
 def make_system(spec: SystemSpec):
@@ -142,6 +146,8 @@ def run_cell(spec: SystemSpec, collection, questions, index_dir: Path) -> dict[s
         "hubness@5": hubness(rankings, len(chunks), k=5, share=0.01),
         "norm_by_length": norm_by_length(*zip(*norms, strict=True)) if len(norms) > 1 else None,
         "rankings": {q.id: ranking for q, ranking in zip(questions, rankings, strict=True)},
+        "passages": {q.id: [chunks[c].text for c in ranking[:RAG_TOP_K]] for q, ranking in zip(questions, rankings,
+                                                                                               strict=True)},
         "seconds": round(time.perf_counter() - started, 1)})
     return cell
 
@@ -169,31 +175,60 @@ class FoldersRunner:
         return load_collection(Path(entry))
 
     def run(self) -> Path:
+        """Rank every (collection, system) cell first (encoding has both cores to itself), then answer from the
+        rankings on one vLLM server, then write the report."""
         from rag_mag.bench.folders.collections import question_split, read_questions
         from rag_mag.bench.folders.report import write_report
-        from rag_mag.models import artifacts_dir
 
         out = self.config.out_dir()
-        cells, names = {}, []
+        cells, names, questions_of = {}, [], {}
         for entry in self.config.collections:
             collection = self.collection(entry)
-            name = collection.name
-            names.append(name)
+            names.append(collection.name)
             questions = question_split(read_questions(collection.questions_path), self.config.split)
+            questions_of[collection.name] = questions
             digest = durable.sha256_of(collection.questions_path)
             for spec in self.config.systems:
-                if self.only and spec.name not in self.only:
-                    continue
-                key = hashlib.sha256(f"{spec.key()} {digest} {self.config.split}".encode()).hexdigest()[:12]
-                path = out / "cells" / f"{name}__{spec.name}.json"
-                cell = json.loads(path.read_text()) if path.is_file() else None
-                if cell is None or cell.get("key") != key:
-                    logger.info("scoring %s on %s (%d questions)", spec.name, name, len(questions))
-                    index_dir = artifacts_dir() / "bench" / "folders" / name / f"{spec.name}-{spec.key()}"
-                    cell = {**run_cell(spec, collection, questions, index_dir), "key": key}
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    durable.write_text(path, json.dumps(cell))
-                cells[(name, spec.name)] = cell
+                if not self.only or spec.name in self.only:
+                    cells[(collection.name, spec.name)] = self.ranked(spec, collection, questions, digest, out)
+        if self.config.reader:
+            self.answer(cells, questions_of, out)
         if not self.only:
             write_report(self.config, names, cells, out)
         return out
+
+    def ranked(self, spec: SystemSpec, collection, questions, digest: str, out: Path) -> dict[str, Any]:
+        """The cell of ``spec`` on ``collection``: reused where its key matches, else indexed and ranked now."""
+        from rag_mag.models import artifacts_dir
+
+        key = hashlib.sha256(f"{spec.key()} {digest} {self.config.split}".encode()).hexdigest()[:12]
+        path = out / "cells" / f"{collection.name}__{spec.name}.json"
+        cell = json.loads(path.read_text()) if path.is_file() else None
+        if cell is None or cell.get("key") != key:
+            logger.info("scoring %s on %s (%d questions)", spec.name, collection.name, len(questions))
+            index_dir = artifacts_dir() / "bench" / "folders" / collection.name / f"{spec.name}-{spec.key()}"
+            cell = {**run_cell(spec, collection, questions, index_dir), "key": key}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            durable.write_text(path, json.dumps(cell))
+        return cell
+
+    def answer(self, cells: dict, questions_of: dict, out: Path) -> None:
+        """The reader's answers of every cell that has none for this reader yet, on one vLLM server."""
+        from rag_mag.bench.folders.answers import answer_cell, score_answers
+        from rag_mag.serving.llm.server import running_server
+        from rag_mag.serving.pipelines import default_pipeline
+
+        reader = durable.sha256_of(default_pipeline("reader"))
+        settings = f"{self.config.reader} {reader} {RAG_TOP_K} {MAX_TOKENS}"
+        pending = {pair: cell for pair, cell in cells.items()
+                   if cell.get("answers_key") != hashlib.sha256(f"{settings} {cell['key']}".encode()).hexdigest()}
+        if not pending:
+            return
+        with running_server(self.config.llm_url, start=True, model=self.config.reader) as url:
+            for (collection, system), cell in pending.items():
+                questions = questions_of[collection]
+                cell["predictions"] = answer_cell(cell, questions, url, self.config.reader,
+                                                  out / "cache" / "answers.jsonl")
+                cell["answer_scores"] = score_answers(questions, cell["predictions"])
+                cell["answers_key"] = hashlib.sha256(f"{settings} {cell['key']}".encode()).hexdigest()
+                durable.write_text(out / "cells" / f"{collection}__{system}.json", json.dumps(cell))

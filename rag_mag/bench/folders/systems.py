@@ -37,6 +37,7 @@ class Chunk:
     page_end: int | None
     words: int
     raw_norm: float | None
+    text: str
 
 
 def chunk_of(document) -> Chunk:
@@ -45,7 +46,8 @@ def chunk_of(document) -> Chunk:
     meta = document.meta or {}
     page = meta.get("page", meta.get("page_number"))  # rag-mag's splitter, or Haystack's
     return Chunk(id=document.id, file=str(meta.get("file")), page=page, page_end=meta.get("page_end", page),
-                 words=len((document.content or "").split()), raw_norm=meta.get(RAW_NORM_KEY))
+                 words=len((document.content or "").split()), raw_norm=meta.get(RAW_NORM_KEY),
+                 text=document.content or "")
 
 
 @dataclass
