@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from rag_mag import durable
+from rag_mag.data import iter_jsonl
 from rag_mag.errors import ConfigError, DataError
 from rag_mag.models import REPO_ROOT
 
@@ -104,19 +105,12 @@ def read_questions(path: Path) -> list[RealQuestion]:
     if not path.is_file():
         raise DataError(f"questions file {path} does not exist")
     questions: dict[str, tuple[int, RealQuestion]] = {}  # id -> (its line, the question)
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            question = _question_from(record, f"{path}:{number}")
-            earlier = questions.get(question.id)
-            if earlier:
-                raise DataError(f"{path}:{number}: field 'id' repeats {question.id!r} of line {earlier[0]}")
-            questions[question.id] = (number, question)
+    for number, record in iter_jsonl(path):
+        question = _question_from(record, f"{path}:{number}")
+        earlier = questions.get(question.id)
+        if earlier:
+            raise DataError(f"{path}:{number}: field 'id' repeats {question.id!r} of line {earlier[0]}")
+        questions[question.id] = (number, question)
     return [question for _, question in questions.values()]
 
 

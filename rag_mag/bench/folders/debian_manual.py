@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag_mag import durable
+from rag_mag.data import iter_jsonl
 from rag_mag.errors import DataError
 from rag_mag.models import REPO_ROOT
 
@@ -230,21 +231,14 @@ def extract_pages(deb: Path, doc_dir: str, pages: tuple[str, ...], dest: Path) -
 # ----------------------------------------------------------------------------- the collection
 def check_questions(questions: Path, files_root: Path) -> None:
     """Every question of ``questions`` is a JSON object whose ``files`` are all under ``files_root``."""
-    with open(questions, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{questions}:{number}: not valid JSON ({error.msg})") from None
-            files = record.get("files") if isinstance(record, dict) else None
-            if not isinstance(files, list):
-                raise DataError(f"{questions}:{number}: field 'files' must be a list")
-            missing = [name for name in files if not (files_root / str(name)).is_file()]
-            if missing:
-                raise DataError(f"{questions}:{number}: question {record.get('id')!r} cites {missing[0]!r}, which "
-                                "is not one of the pages taken from the package")
+    for number, record in iter_jsonl(questions):
+        files = record.get("files")
+        if not isinstance(files, list):
+            raise DataError(f"{questions}:{number}: field 'files' must be a list")
+        missing = [name for name in files if not (files_root / str(name)).is_file()]
+        if missing:
+            raise DataError(f"{questions}:{number}: question {record.get('id')!r} cites {missing[0]!r}, which is "
+                            "not one of the pages taken from the package")
 
 
 def _manifest(manual: DebianManual) -> dict:
