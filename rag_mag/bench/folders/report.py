@@ -17,7 +17,8 @@ ANSWER_METRICS = ("em", "f1", "accuracy", "fact_recall")
 
 def summarize(cell: dict[str, Any]) -> dict[str, Any]:
     """Means (0-100) with 95% bootstrap intervals of a cell's per-question values, and its index figures."""
-    summary: dict[str, Any] = {"n_chunks": cell["n_chunks"], "hubness@5": 100 * cell["hubness@5"]}
+    summary: dict[str, Any] = {"n_chunks": cell["n_chunks"], "hubness@5": 100 * cell["hubness@5"],
+                               "chunk_hubness@5": cell["chunk_hubness"]["hubness@5"]}
     for metric in METRICS:
         values = cell["per_question"].get(metric) or []
         if values:
@@ -73,22 +74,25 @@ def write_report(config, collections: list[str], cells: dict, out: Path) -> None
              "questions name a page). EM, F1 and accuracy (a reference alias occurs in the answer): answerable "
              "questions with a short reference answer; fact recall: the share of a long reference answer's numbers "
              "and names that the answer states; the reader answers from the system's first 3 chunks. hubness@5: "
-             "the share of questions whose top 5 holds one of the 1% of chunks retrieved most often. 95% bootstrap "
-             "intervals in brackets.", ""]
+             "the share of questions whose top 5 holds one of the 1% of chunks retrieved most often; with few "
+             "questions per file it counts the chunks that questions on one topic share, so the index's own figure "
+             "is beside it (\"chunks asked\": 200 sampled chunks ask their first 30 words, as `rag-mag index` "
+             "reports it). 95% bootstrap intervals in brackets.", ""]
     for collection in collections:
         results["collections"][collection] = {}
         lines += [f"## {collection}", "", "| system | file@1 | file@5 | page@1 | page@5 | EM | F1 | accuracy | "
-                  "fact recall | hubness@5 | chunks | median words | chunks < 25 words |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "fact recall | hubness@5 | hubness@5, chunks asked | chunks | median words | chunks < 25 words |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name in systems:
             cell = cells.get((collection, name))
             if cell is None:
                 continue
             summary = summarize(cell)
             results["collections"][collection][name] = summary
-            lines.append(f"| {name} | " + " | ".join(_cell_text(summary, m) for m in METRICS + ANSWER_METRICS)
-                         + f" | {summary['hubness@5']:.1f} | {summary['n_chunks']} | {summary['median_words']:.0f} | "
-                         f"{summary['chunks_under_25_words']} |")
+            figures = [f"{summary['hubness@5']:.1f}", f"{summary['chunk_hubness@5']:.1f}", str(summary["n_chunks"]),
+                       f"{summary['median_words']:.0f}", str(summary["chunks_under_25_words"])]
+            lines.append(f"| {name} | " + " | ".join([_cell_text(summary, m) for m in METRICS + ANSWER_METRICS]
+                                                    + figures) + " |")
         lines += ["", *_comparisons(cells, collection, systems), ""]
     lines += ["## Document norm by chunk length", "",
               "Median raw document norm of the chunks in each length band, relative to the median of the index, and "

@@ -23,6 +23,7 @@ import yaml
 from rag_mag import durable
 from rag_mag.bench.folders.answers import MAX_TOKENS, RAG_TOP_K
 from rag_mag.errors import ConfigError
+from rag_mag.ingestion.hubness import sampled_hubness
 from rag_mag.metrics.files import file_at_k, hubness, norm_by_length, page_at_k
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 SPLITS = ("validation", "test")
 SYSTEM_KINDS = ("rag_mag", "haystack", "haystack_bm25")
 RANK_K = 10
+CELL_FORMAT = 2  # what a cell holds; a cell of another format is scored again
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,7 @@ def run_cell(spec: SystemSpec, collection, questions, index_dir: Path) -> dict[s
         "system": spec.name, "collection": collection.name, "n_chunks": len(chunks),
         "chunk_words": sorted(c.words for c in chunks.values()),
         "hubness@5": hubness(rankings, len(chunks), k=5, share=0.01),
+        "chunk_hubness": sampled_hubness([(c.id, c.text) for c in chunks.values()], system.rank),
         "norm_by_length": norm_by_length(*zip(*norms, strict=True)) if len(norms) > 1 else None,
         "rankings": {q.id: ranking for q, ranking in zip(questions, rankings, strict=True)},
         "passages": {q.id: [chunks[c].text for c in ranking[:RAG_TOP_K]] for q, ranking in zip(questions, rankings,
@@ -201,7 +204,7 @@ class FoldersRunner:
         """The cell of ``spec`` on ``collection``: reused where its key matches, else indexed and ranked now."""
         from rag_mag.models import artifacts_dir
 
-        key = hashlib.sha256(f"{spec.key()} {digest} {self.config.split}".encode()).hexdigest()[:12]
+        key = hashlib.sha256(f"{CELL_FORMAT} {spec.key()} {digest} {self.config.split}".encode()).hexdigest()[:12]
         path = out / "cells" / f"{collection.name}__{spec.name}.json"
         cell = json.loads(path.read_text()) if path.is_file() else None
         if cell is None or cell.get("key") != key:
