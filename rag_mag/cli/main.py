@@ -31,6 +31,7 @@ COMMANDS = {
     "serve-llm": "serve_llm",
     "db": "db",
     "serve": "serve",
+    "keys": "keys",
     "bench": "bench",
     "crossover": "crossover",
     "adapt": "adapt",

@@ -1,9 +1,16 @@
-"""``rag-mag serve``: the question-answering demo (web page, JSON API, OpenAI-compatible endpoint) on localhost."""
+"""``rag-mag serve``: the question-answering demo (web page, JSON API, OpenAI-compatible endpoint) on localhost.
+
+Who may use it (``access_policy``): with keys in the key file (``rag-mag keys add``), every API request needs one.
+Without keys it serves anyone only on loopback, saying so at start; bound to another address it refuses to start
+unless ``--no-auth`` says that anyone who reaches it may read and write.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+from pathlib import Path
 
 from rag_mag.errors import ConfigError
 
@@ -95,7 +102,67 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "is opened under that name; '*' turns the check off)")
     parser.add_argument("--start-llm", action="store_true",
                         help="start the vLLM server if it is not running (and stop it when the demo stops)")
+    _add_access_flags(parser)
     return parser
+
+
+def _add_access_flags(parser: argparse.ArgumentParser) -> None:
+    from rag_mag.demo.access import DEFAULT_RATE_PER_MINUTE, MAX_FAILURES_PER_MINUTE
+    from rag_mag.demo.keys import KEYS_FILE_ENV
+
+    parser.add_argument("--keys-file", default=None, metavar="PATH",
+                        help=f"the key file of `rag-mag keys` (default: ${KEYS_FILE_ENV}, else "
+                             "artifacts/demo-keys.json). Once it holds a key, every /api/ and /v1/ request needs one "
+                             "(Authorization: Bearer KEY), on any address; the page asks for it once")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="serve without keys even on an address other machines reach (anyone who reaches the "
+                             "port can ask, upload and delete); without keys and without this flag, only a loopback "
+                             "address (127.0.0.1, the default) is served")
+    parser.add_argument("--rate-limit", type=_positive, default=DEFAULT_RATE_PER_MINUTE, metavar="N",
+                        help=f"requests a minute per key (default %(default)s); beyond it 429 with Retry-After. A "
+                             f"client address that sends {MAX_FAILURES_PER_MINUTE} wrong keys within a minute is "
+                             "refused (429) for that minute")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost); 0.0.0.0 and :: are not."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any address
+        return False
+
+
+def access_policy(args: argparse.Namespace):
+    """The demo's ``Access``: keys once the key file holds one; none on loopback without keys (said at start); a
+    refusal on another address without keys, unless ``--no-auth``."""
+    from rag_mag.demo.access import OPEN_WARNING, Access
+    from rag_mag.demo.keys import KeyStore, default_keys_file
+
+    path = Path(args.keys_file).expanduser().resolve() if args.keys_file else default_keys_file()
+    if args.no_auth:
+        logger.warning("WARNING: %s, on %s:%d", OPEN_WARNING, args.host, args.port)
+        return Access("off", rate_per_minute=args.rate_limit)
+    store = KeyStore(path)  # a key file others may read, or a malformed one, is refused here
+    if len(store):
+        logger.info("keys required: %d key(s) in %s (%s)", len(store), path, ", ".join(store.names()))
+        return Access("keys", store, rate_per_minute=args.rate_limit)
+    if not is_loopback(args.host):
+        raise ConfigError(f"--host {args.host} lets other machines reach the demo, and {path} holds no key: make one "
+                          "with `rag-mag keys add NAME --role read` (or --role write) and send it as Authorization: "
+                          "Bearer KEY, or pass --no-auth to let anyone who reaches the port read, upload and delete")
+    logger.warning("no keys in %s: anyone on this machine (other users too: loopback is shared) can ask, upload and "
+                   "delete; `rag-mag keys add NAME --role write` makes the demo ask for a key", path)
+    return Access("local")
+
+
+def _warn_unserved_grants(access, served: list[str]) -> None:
+    for record in access.store.records() if access.store is not None else ():
+        unknown = [name for name in record.indexes or () if name not in served]
+        if unknown:
+            logger.warning("key %r is granted %s, which this demo does not serve (it serves %s)", record.name,
+                           ", ".join(unknown), ", ".join(served))
 
 
 def resolve_indexes(specs_text: list[str]):
@@ -154,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if port_in_use(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (another demo?); stop it or choose "
                           "another with --port")
+    access = access_policy(args)
     if not on_table and not args.indexes:
         from rag_mag.cli.quickstart import ensure_comparison
 
@@ -177,8 +245,11 @@ def run(args: argparse.Namespace) -> int:
         logger.info("serving %s with %s; generation at %s", ", ".join(
             f"{item.spec.name} ({item.strategy}, {item.documents} passages"
             f"{f', table {item.spec.table}' if item.spec.table else ''})" for item in loaded), args.pipeline, url)
-        logger.info("open http://%s:%d in a browser (Ctrl-C stops the demo)", args.host, args.port)
-        app = create_app(service, allowed_hosts=allowed_hosts(args))
+        _warn_unserved_grants(access, list(service.indexes))
+        logger.info("open http://%s:%d in a browser (Ctrl-C stops the demo); %s", args.host, args.port, {
+            "keys": "every API request needs a key", "off": "NO KEYS ASKED (--no-auth)",
+            "local": "no key asked (loopback, no keys)"}[access.mode])
+        app = create_app(service, allowed_hosts=allowed_hosts(args), access=access)
         uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False,
                     timeout_graceful_shutdown=5)
     return 0

@@ -24,6 +24,11 @@ JSON (``Content-Type: application/json``, else 415, so no page can send it witho
 most ``max_body_bytes`` long (else 413); see rag_mag/demo/guards.py. The upload route is the exception: a
 multipart body, which any page can send, so it also needs the header ``X-RagMag-Upload: 1`` (else 403), which
 no page can send to another origin without a preflight.
+
+Who may call the API is ``Access``'s business (rag_mag/demo/access.py): with keys, every /api/... and /v1/... route
+needs ``Authorization: Bearer KEY`` (401 without or with a wrong one, 429 beyond the rate or after repeated wrong
+keys), a read key gets 403 on upload and delete, and any key 403 for an index it is not granted; /api/indexes and
+/v1/models list only the granted ones, and /health answers without a key but says nothing about the indexes.
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from rag_mag.demo import access as access_checks
 from rag_mag.demo import openai_api
+from rag_mag.demo.access import Access
 from rag_mag.demo.documents import Documents, check_upload_header
 from rag_mag.demo.guards import LOCAL_HOSTS, MAX_BODY_BYTES, HostGuard, json_body
 from rag_mag.demo.messages import Event, RequestError
@@ -80,7 +87,7 @@ def error_body(error: BaseException) -> dict[str, Any]:
 def error_response(error: BaseException) -> JSONResponse:
     if error_status(error) >= 500 and not isinstance(error, RagMagError):
         logger.error("request failed", exc_info=error)
-    return JSONResponse(error_body(error), status_code=error_status(error))
+    return JSONResponse(error_body(error), status_code=error_status(error), headers=getattr(error, "headers", None))
 
 
 async def primed(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
@@ -121,14 +128,18 @@ async def chunk_lines(events: AsyncIterator[Event], model: str, include_usage: b
 
 
 def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, access: Access | None = None) -> FastAPI:
     """The app around a loaded DemoService; blocking pipeline steps run in a pool of max_concurrency + 4 threads.
 
-    ``allowed_hosts``: the names the demo answers to in Host and Origin headers (``*``: any).
+    ``allowed_hosts``: the names the demo answers to in Host and Origin headers (``*``: any). ``access``: who may
+    call the API (default: anyone, the demo on loopback without keys).
     """
+    access = access or Access()
     # No /docs: Swagger UI loads from a CDN, which this demo must not need. The schema is at /openapi.json.
-    app = FastAPI(title="rag-mag demo", lifespan=_lifespan(service), docs_url=None, redoc_url=None)
+    app = FastAPI(title="rag-mag demo", lifespan=_lifespan(service, access), docs_url=None, redoc_url=None,
+                  dependencies=[Depends(access_checks.authenticate)])
     app.state.service = service
+    app.state.access = access
     app.add_middleware(HostGuard, allowed_hosts=list(allowed_hosts))
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
@@ -147,8 +158,10 @@ def create_app(service: DemoService, allowed_hosts: Iterable[str] = LOCAL_HOSTS,
     return app
 
 
-def _lifespan(service: DemoService) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """Start: the thread pool for blocking pipeline steps. End: close every index's pipeline, then the pool."""
+def _lifespan(service: DemoService, access: Access) -> Callable[[FastAPI],
+                                                                 contextlib.AbstractAsyncContextManager[None]]:
+    """Start: the thread pool for blocking pipeline steps. End: close every index's pipeline, then the pool, and
+    write when each key was last used."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -160,6 +173,7 @@ def _lifespan(service: DemoService) -> Callable[[FastAPI], contextlib.AbstractAs
             for loaded in service.indexes.values():
                 await loaded.pipeline.close_async()
             executor.shutdown(wait=False, cancel_futures=True)
+            access.close()
 
     return lifespan
 
@@ -174,7 +188,7 @@ def _add_page_routes(app: FastAPI, service: DemoService) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         body: dict[str, Any] = {"status": "ok", "indexes": list(service.indexes), "load": service.load(),
-                                "llm": {"url": service.llm_url, "reachable": True}}
+                                "llm": {"url": service.llm_url, "reachable": True}, **app.state.access.health()}
         if any(loaded.spec.table is not None for loaded in service.indexes.values()):
             body["database"] = {"reachable": True}
             try:
@@ -187,11 +201,16 @@ def _add_page_routes(app: FastAPI, service: DemoService) -> None:
         except RagMagError as error:
             body["status"] = "degraded"
             body["llm"].update(reachable=False, error=str(error))
+        if app.state.access.required:  # no key asked here: nothing about the indexes, paths or the vLLM URL
+            body = {key: body[key] for key in ("status", "auth")} | {
+                part: {"reachable": body[part]["reachable"]} for part in ("llm", "database") if part in body}
         return JSONResponse(body, status_code=503 if body["status"] == "degraded" else 200)
 
     @app.get("/api/indexes")
-    async def indexes() -> dict[str, Any]:
-        return {"indexes": service.index_info(), "default": service.default_index,
+    async def indexes(request: Request) -> dict[str, Any]:
+        names = access_checks.granted(request, service.indexes)
+        default = service.default_index if service.default_index in names else next(iter(names), None)
+        return {"indexes": [info for info in service.index_info() if info["name"] in names], "default": default,
                 "max_question_chars": MAX_QUESTION_CHARS, "max_top_k": service.max_top_k}
 
 
@@ -201,12 +220,14 @@ def _add_ask_routes(app: FastAPI, service: DemoService, max_body_bytes: int) -> 
     @app.post("/api/ask")
     async def ask(request: Request) -> dict[str, Any]:
         body = await json_body(request, max_body_bytes)
+        access_checks.check_index(request, body.get("index"), service.default_index)
         return await service.ask(body.get("question"), body.get("index"), body.get("top_k"),
                                  filters=body.get("filters"))
 
     @app.post("/api/ask/stream")
     async def ask_stream(request: Request) -> StreamingResponse:
         body = await json_body(request, max_body_bytes)
+        access_checks.check_index(request, body.get("index"), service.default_index)
         events = await primed(service.stream(body.get("question"), body.get("index"), body.get("top_k"),
                                              filters=body.get("filters")))
         return StreamingResponse(event_lines(events), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -216,14 +237,17 @@ def _add_openai_routes(app: FastAPI, service: DemoService, max_body_bytes: int) 
     """GET /v1/models and POST /v1/chat/completions (OpenAI's shapes; stream: true for SSE chunks)."""
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return openai_api.models(service)
+    async def models(request: Request) -> dict[str, Any]:
+        listed = openai_api.models(service)
+        names = access_checks.granted(request, [model["id"] for model in listed["data"]])
+        return {**listed, "data": [model for model in listed["data"] if model["id"] in names]}
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
         body = await json_body(request, max_body_bytes)
         if body.get("stream") is not None and not isinstance(body.get("stream"), bool):
             raise RequestError(f"stream must be true or false, got {body.get('stream')!r}", param="stream")
+        access_checks.check_index(request, body.get("model"), service.default_index)
         try:
             events = await primed(openai_api.open_stream(service, body))
         except RequestError as error:
@@ -248,19 +272,28 @@ def _add_document_routes(app: FastAPI, documents: Documents) -> None:
         return JSONResponse({"job": job.to_dict()}, status_code=202,
                             headers={"Location": f"/api/documents/jobs/{job.id}"})
 
+    default = documents.service.default_index
+
     @app.get("/api/documents")
-    async def list_documents(index: str | None = None) -> dict[str, Any]:
+    async def list_documents(request: Request, index: str | None = None) -> dict[str, Any]:
+        access_checks.check_index(request, index, default)
         return await asyncio.to_thread(documents.listing, index)
 
     @app.post("/api/documents", status_code=202)
     async def upload_documents(request: Request, index: str | None = None) -> JSONResponse:
+        access_checks.check_write(request)
+        access_checks.check_index(request, index, default)
         return accepted(await documents.upload(request, index))
 
     @app.delete("/api/documents", status_code=202)
     async def delete_document(request: Request, index: str | None = None, file: str | None = None) -> JSONResponse:
+        access_checks.check_write(request)
+        access_checks.check_index(request, index, default)
         check_upload_header(request)
         return accepted(await asyncio.to_thread(documents.delete, index, file))
 
     @app.get("/api/documents/jobs/{job_id}")
-    async def document_job(job_id: str) -> dict[str, Any]:
-        return {"job": documents.job(job_id).to_dict()}
+    async def document_job(request: Request, job_id: str) -> dict[str, Any]:
+        job = documents.job(job_id)
+        access_checks.check_index(request, job.index, default)
+        return {"job": job.to_dict()}

@@ -10,14 +10,16 @@ from rag_mag.errors import RagMagError
 
 
 class RequestError(RagMagError):
-    """A request the demo refuses or cannot serve; ``status`` is the HTTP status it maps to."""
+    """A request the demo refuses or cannot serve; ``status`` is the HTTP status it maps to, ``headers`` go with
+    the answer (``WWW-Authenticate`` of a 401, ``Retry-After`` of a 429)."""
 
     def __init__(self, message: str, *, status: int = 400, code: str = "invalid_request",
-                 param: str | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.param = param
+        self.headers = dict(headers or {})
 
 
 @dataclass(frozen=True)

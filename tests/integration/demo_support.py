@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from rag_mag.demo.indexes import IndexSpec, discover_indexes
+from rag_mag.demo.keys import KEYS_FILE_ENV
 from rag_mag.models import REPO_ROOT, artifacts_dir
 from rag_mag.serving.processes import find_free_port, log_tail
 
@@ -82,20 +83,28 @@ def serve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "rag_mag.cli.main", "serve", *args]
 
 
-def serve_env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HAYSTACK_TELEMETRY_ENABLED": "False"}
+def serve_env(keys_file: Path | None = None) -> dict[str, str]:
+    """The environment of ``rag-mag serve`` and ``rag-mag keys`` in tests; ``keys_file``: their key file (the
+    default, artifacts/demo-keys.json, is the user's and stays out of tests that name another)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HAYSTACK_TELEMETRY_ENABLED": "False"}
+    if keys_file is not None:
+        env[KEYS_FILE_ENV] = str(keys_file)
+    return env
 
 
 class DemoProcess:
-    """``rag-mag serve`` on a free port of 127.0.0.1, its output in ``log_path``."""
+    """``rag-mag serve`` on a free port of 127.0.0.1, its output in ``log_path``; its key file is ``keys_file``
+    (default: none beside the log, so the demo asks for no key)."""
 
-    def __init__(self, specs: list[IndexSpec], llm_url: str, log_path: Path, *extra: str) -> None:
+    def __init__(self, specs: list[IndexSpec], llm_url: str, log_path: Path, *extra: str,
+                 keys_file: Path | None = None) -> None:
         self.port = find_free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = serve_command("--port", str(self.port), "--llm-url", llm_url, *index_flags(specs), *extra)
+        env = serve_env(keys_file or log_path.with_name("no-keys.json"))
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=serve_env(), stdout=log,
+            self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> str:

@@ -99,6 +99,9 @@ def test_bench_scores_a_folder_collection_and_reuses_its_cells(tmp_path, tiny_co
     before = cell.stat().st_mtime_ns
     assert main(["bench", str(config), "--output-dir", str(out)]) == 0
     assert cell.stat().st_mtime_ns == before  # reused: same checkpoint, settings and questions
+    cell.write_text('{"key": "trunc')  # a cell cut short (a full disk, a copy interrupted) is scored again
+    assert main(["bench", str(config), "--output-dir", str(out)]) == 0
+    assert json.loads(cell.read_text())["system"] == "qnorm"
 
 
 @pytest.mark.parametrize("text, message", [

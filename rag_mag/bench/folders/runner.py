@@ -155,6 +155,18 @@ def run_cell(spec: SystemSpec, collection, questions, index_dir: Path) -> dict[s
     return cell
 
 
+def read_cell(path: Path) -> dict[str, Any] | None:
+    """A saved cell, or None where there is none or it cannot be read (it is scored again)."""
+    try:
+        cell = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        logger.warning("cell %s cannot be read (%s): scoring it again", path, error)
+        return None
+    return cell if isinstance(cell, dict) else None
+
+
 class FoldersRunner:
     def __init__(self, config: FoldersConfig, data_root: Path, only: list[str] | None = None) -> None:
         names = [s.name for s in config.systems]
@@ -206,7 +218,7 @@ class FoldersRunner:
 
         key = hashlib.sha256(f"{CELL_FORMAT} {spec.key()} {digest} {self.config.split}".encode()).hexdigest()[:12]
         path = out / "cells" / f"{collection.name}__{spec.name}.json"
-        cell = json.loads(path.read_text()) if path.is_file() else None
+        cell = read_cell(path)
         if cell is None or cell.get("key") != key:
             logger.info("scoring %s on %s (%d questions)", spec.name, collection.name, len(questions))
             index_dir = artifacts_dir() / "bench" / "folders" / collection.name / f"{spec.name}-{spec.key()}"

@@ -1,5 +1,6 @@
 // rag-mag demo page: asks POST /api/ask/stream (server-sent events read with fetch) once per selected index
 // and draws the streamed answer, the latency and each source's score split into cosine and document norm.
+// API requests go through apiFetch (auth.js), which sends the key when the demo asks for one.
 "use strict";
 
 const SIDE_BY_SIDE = "__side_by_side__";
@@ -38,7 +39,7 @@ function indexLabel(info) { return `${info.name} (${info.strategy}, ${info.docum
 
 // After an upload or a delete (documents.js): the passage counts in the index list, selection kept.
 async function refreshIndexCounts() {
-  const response = await fetch("/api/indexes");
+  const response = await apiFetch("/api/indexes");
   const body = await readJson(response);
   if (!response.ok || !body) return;
   page.indexes = body.indexes;
@@ -51,7 +52,7 @@ async function refreshIndexCounts() {
 async function loadIndexes() {
   const select = byId("index");
   try {
-    const response = await fetch("/api/indexes");
+    const response = await apiFetch("/api/indexes");
     const body = await readJson(response);
     if (!response.ok || !body) throw new Error(messageOf(body, response));
     page.indexes = body.indexes;
@@ -85,7 +86,8 @@ async function checkHealth() {
     const up = response.ok && body && body.llm && body.llm.reachable;
     pill.className = `pill ${up ? "pill-ok" : "pill-bad"}`;
     pill.textContent = up ? "LLM: ready" : "LLM: unreachable";
-    pill.title = up ? `vLLM at ${body.llm.url}` : ((body && body.llm && body.llm.error) || "the health check failed");
+    pill.title = up ? (body.llm.url ? `vLLM at ${body.llm.url}` : "vLLM answers")
+      : ((body && body.llm && body.llm.error) || "the health check failed");
   } catch (error) {
     pill.className = "pill pill-bad";
     pill.textContent = "demo server unreachable";
@@ -250,7 +252,7 @@ async function streamAnswer(question, name, topK, panel) {
   panel.setState("waiting");
   let response;
   try {
-    response = await fetch("/api/ask/stream", {
+    response = await apiFetch("/api/ask/stream", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
       body: JSON.stringify({ question, index: name, top_k: topK }),

@@ -1,7 +1,7 @@
 // rag-mag demo page, the documents panel: uploads files into an index (POST /api/documents, multipart), follows
 // the indexing job (GET /api/documents/jobs/ID), lists the index's files with their chunk counts and deletes one.
 // Uploads and deletes carry the header X-RagMag-Upload: 1, which the demo requires (a form on another page cannot
-// send it). Uses byId, readJson, messageOf and refreshIndexCounts from app.js.
+// send it). Uses byId, readJson, messageOf and refreshIndexCounts from app.js, apiFetch from auth.js.
 "use strict";
 
 const UPLOAD_HEADERS = { "X-RagMag-Upload": "1" };
@@ -74,7 +74,7 @@ function renderDocuments(body) {
 async function loadDocuments() {
   if (!documentsPanel.index) return;
   try {
-    const response = await fetch(documentsUrl());
+    const response = await apiFetch(documentsUrl());
     const body = await readJson(response);
     if (!response.ok || !body) throw new Error(messageOf(body, response));
     if (body.job) {
@@ -114,8 +114,13 @@ async function followJob(jobId) {
   documentsPanel.polling.add(jobId);
   try {
     for (;;) {
-      const response = await fetch(`/api/documents/jobs/${encodeURIComponent(jobId)}`);
+      const response = await apiFetch(`/api/documents/jobs/${encodeURIComponent(jobId)}`);
       const body = await readJson(response);
+      if (response.status === 429) {  // over the key's rate: wait as told, then follow on
+        const seconds = Number.parseInt(response.headers.get("Retry-After") || "1", 10);
+        await new Promise((resolve) => setTimeout(resolve, Math.max(1, seconds) * 1000));
+        continue;
+      }
       if (!response.ok || !body) throw new Error(messageOf(body, response));
       showJob(body.job);
       if (["done", "failed"].includes(body.job.state)) break;
@@ -152,7 +157,7 @@ async function uploadDocuments(event) {
   const button = byId("upload-button");
   button.disabled = true;
   try {
-    const response = await fetch(documentsUrl(), { method: "POST", headers: UPLOAD_HEADERS, body: form });
+    const response = await apiFetch(documentsUrl(), { method: "POST", headers: UPLOAD_HEADERS, body: form });
     const body = await readJson(response);
     if (!response.ok || !body) throw new Error(messageOf(body, response));
     input.value = "";
@@ -170,7 +175,7 @@ async function deleteDocument(name, button) {
   showDocumentsError("");
   button.disabled = true;
   try {
-    const response = await fetch(documentsUrl({ file: name }), { method: "DELETE", headers: UPLOAD_HEADERS });
+    const response = await apiFetch(documentsUrl({ file: name }), { method: "DELETE", headers: UPLOAD_HEADERS });
     const body = await readJson(response);
     if (!response.ok || !body) throw new Error(messageOf(body, response));
     showJob(body.job);
@@ -185,7 +190,7 @@ async function deleteDocument(name, button) {
 async function loadDocumentIndexes() {
   const select = byId("documents-index");
   try {
-    const response = await fetch("/api/indexes");
+    const response = await apiFetch("/api/indexes");
     const body = await readJson(response);
     if (!response.ok || !body) throw new Error(messageOf(body, response));
     select.replaceChildren(...body.indexes.map((info) => new Option(info.name, info.name)));
