@@ -29,6 +29,21 @@ def write_pdf(path: Path, pages: list[str] = PDF_PAGES) -> Path:
     return path
 
 
+def write_pdf_with_a_large_array(path: Path, elements: int = 150_000) -> Path:
+    """A text PDF whose catalog holds an array of more elements than pypdf reads by default (100,000), as real
+    filings do (Microsoft's 10-Q of 2023 Q1)."""
+    from pypdf import PdfWriter
+    from pypdf.generic import ArrayObject, NameObject, NumberObject
+
+    plain = write_pdf(path.with_name("plain-" + path.name))
+    writer = PdfWriter(clone_from=str(plain))
+    writer._root_object[NameObject("/RagMagLargeArray")] = ArrayObject(NumberObject(i) for i in range(elements))
+    with open(path, "wb") as handle:
+        writer.write(handle)
+    plain.unlink()
+    return path
+
+
 def write_scanned_pdf(path: Path) -> Path:
     """A PDF whose page holds only a drawing, no text layer (as a scan without OCR)."""
     from fpdf import FPDF

@@ -64,8 +64,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     f"(--table, default {DEFAULT_TABLE}, which `rag-mag export-index INDEX_DIR --pgvector` and "
                     "`rag-mag index PATH --store pgvector` write), on the server of `rag-mag db start` (started "
                     "with the demo and stopped with it when none runs) or --pg-url; the documents panel then lists "
-                    "the table's files, and files are added with `rag-mag index PATH --store pgvector`.")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+                    "the table's files, and files are added with `rag-mag index PATH --store pgvector`. Once the key "
+                    "file holds a key (`rag-mag keys add`), every API request needs one; without keys only a loopback "
+                    "address is served, unless --no-auth.")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default %(default)s); another address needs keys (`rag-mag keys add`) "
+                             "or --no-auth")
     parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port to bind (default %(default)s)")
     parser.add_argument("--pipeline", default=str(default_pipeline("rag")),
                         help="RAG pipeline YAML, loaded once per index (default pipelines/rag.yaml; e.g. "

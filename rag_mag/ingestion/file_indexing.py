@@ -35,7 +35,15 @@ from typing import Any
 from rag_mag import durable, stopping
 from rag_mag.components.checkpoints import checkpoint_fingerprint
 from rag_mag.errors import ConfigError, DataError
-from rag_mag.ingestion.files import DEFAULT_MAX_FILE_MB, FoundFile, Scan, content_problem, find_files, read_file
+from rag_mag.ingestion.files import (
+    DEFAULT_MAX_FILE_MB,
+    FoundFile,
+    Scan,
+    content_problem,
+    find_files,
+    pdf_limits,
+    read_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +219,8 @@ def _encode_batches(pipeline, writer, target, plan: FilePlan, streams: dict, tod
     chunking = chunking_digest(pipeline)
     encoded, since_save, done = 0, 0, 0
     for batch in _batches(todo, FILES_PER_RUN):
-        pipeline.run({"router": {"sources": [streams[f.name] for f in batch]}})
+        with pdf_limits():  # the converter's pypdf, with the limits the file checks used
+            pipeline.run({"router": {"sources": [streams[f.name] for f in batch]}})
         staged = take_staged(writer)
         for found in batch:
             old = plan.old_chunks.get(found.name, [])

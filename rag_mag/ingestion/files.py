@@ -34,6 +34,7 @@ FILE_TYPES = {
 }
 TEXT_TYPES = {"text/plain", "text/markdown", "text/html"}
 DEFAULT_MAX_FILE_MB = 50.0
+PDF_ELEMENT_LIMIT = 1_000_000  # elements of one PDF array or dictionary (pypdf's default: 100,000)
 _SNIFF_BYTES = 8192
 
 
@@ -125,16 +126,29 @@ def _text_problem(data: bytes) -> str | None:
     return None
 
 
+def pdf_limits():
+    """pypdf's limits for the current thread's work, as a context manager: pypdf refuses arrays and dictionaries
+    of more than 100,000 elements (a guard against hostile files), and real filings hold larger ones (Microsoft's
+    10-Q of 2023 Q1 and Q2 in shared/data/realdocs/sec10q). ``PDF_ELEMENT_LIMIT`` is still a bound, and so is
+    the size limit of every file."""
+    import pypdf
+
+    return pypdf.apply_configuration(array_maximum_element_count=PDF_ELEMENT_LIMIT,
+                                     dictionary_maximum_element_count=PDF_ELEMENT_LIMIT)
+
+
 def _pdf_problem(data: bytes) -> str | None:
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import PdfReadError, PyPdfError
 
     try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            return "encrypted PDF; save a copy without a password (e.g. qpdf --decrypt) and index that"
-        len(reader.pages)
-    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError, OSError) as error:
+        with pdf_limits():
+            reader = PdfReader(io.BytesIO(data))
+            if reader.is_encrypted and not reader.decrypt(""):
+                return "encrypted PDF; save a copy without a password (e.g. qpdf --decrypt) and index that"
+            len(reader.pages)
+    except (PdfReadError, PyPdfError, ValueError, KeyError, TypeError, AttributeError, IndexError,
+            OSError) as error:
         return f"corrupt PDF ({type(error).__name__}: {str(error)[:80]}); open and save it again, or exclude it"
     except NotImplementedError as error:  # an encryption algorithm pypdf cannot decrypt
         return f"encrypted PDF ({error}); save a copy without a password and index that"

@@ -23,7 +23,7 @@ from rag_mag.ingestion.file_indexing import EXIT_SKIPPED, index_files
 from rag_mag.serving.answers import excerpt
 from rag_mag.serving.pipelines import PIPELINES_DIR, read_pipeline_dict
 from rag_mag.serving.source_filters import source_filter
-from tests.files import write_folder, write_pdf
+from tests.files import write_folder, write_pdf, write_pdf_with_a_large_array
 from tests.tiny import tiny_encoder
 
 
@@ -232,6 +232,19 @@ def test_another_checkpoint_re_embeds_everything(retriever, tmp_path):
     assert second.chunks_encoded == first.chunks_encoded and second.chunks_removed == first.chunks_encoded
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["strategy"] == "cosine" and manifest["count"] == first.chunks_encoded
+
+
+def test_a_pdf_with_arrays_larger_than_pypdf_reads_by_default_is_indexed(retriever, tmp_path):
+    import pypdf
+    from pypdf.errors import LimitReachedError
+
+    docs = tmp_path / "docs"
+    pdf = write_pdf_with_a_large_array(docs / "filing.pdf")
+    with pytest.raises(LimitReachedError):  # the file this test needs: pypdf's defaults refuse it
+        len(pypdf.PdfReader(pdf).pages)
+    summary = run_index([docs], tmp_path / "index", retriever)
+    assert summary.plan.skipped == [] and summary.index_files == 1
+    assert {d.meta["page"] for d in stored(tmp_path / "index").values()} == {1, 2, 3}
 
 
 def test_the_summary_gives_the_index_hubness_after_a_change(retriever, tmp_path, capsys):

@@ -31,9 +31,11 @@ from rag_mag.serving.llm import settings as llm_settings
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Pid and log files go to a temporary artifacts folder; no env override leaks in."""
+    """Pid and log files go to a temporary artifacts folder; no env override leaks in, nor out (a server started
+    here puts its API key in $VLLM_API_KEY)."""
     monkeypatch.setenv("RAG_MAG_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.delenv(llm_settings.URL_ENV, raising=False)
+    monkeypatch.delenv(llm_settings.API_KEY_ENV, raising=False)
     monkeypatch.delenv(llm_settings.PYTHON_ENV, raising=False)
     return tmp_path / "artifacts"
 

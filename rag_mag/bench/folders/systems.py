@@ -120,12 +120,13 @@ class HaystackStockSystem:
         from haystack.components.preprocessors import DocumentCleaner, DocumentSplitter
         from haystack.document_stores.in_memory import InMemoryDocumentStore
 
-        from rag_mag.ingestion.files import find_files, read_file
+        from rag_mag.ingestion.files import find_files, pdf_limits, read_file
         from rag_mag.models import default_retriever_base
 
         scan = find_files([str(folder)])
         streams = [stream for stream, _ in (read_file(found, 50_000_000) for found in scan.files) if stream]
-        converted = self._converters().run({"router": {"sources": streams}})["joiner"]["documents"]
+        with pdf_limits():  # as rag-mag's indexing reads them
+            converted = self._converters().run({"router": {"sources": streams}})["joiner"]["documents"]
         cleaned = DocumentCleaner().run(converted)["documents"]
         chunks = DocumentSplitter(split_by="word", split_length=STOCK_SPLIT_LENGTH,
                                   split_overlap=STOCK_SPLIT_OVERLAP).run(cleaned)["documents"]

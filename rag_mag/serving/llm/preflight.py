@@ -6,7 +6,15 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rag_mag.errors import ConfigError, ServerNotRunningError
-from rag_mag.serving.llm.settings import START_HINT, URL_ENV, default_api_base_url, normalize_api_base_url, start_hint
+from rag_mag.serving.llm.records import api_key_path, export_api_key
+from rag_mag.serving.llm.settings import (
+    API_KEY_ENV,
+    START_HINT,
+    URL_ENV,
+    default_api_base_url,
+    normalize_api_base_url,
+    start_hint,
+)
 
 
 def check_server(api_base_url: str | None = None, *, model: str | None = None, timeout: float = 3.0,
@@ -14,11 +22,13 @@ def check_server(api_base_url: str | None = None, *, model: str | None = None, t
     """Fail fast if no OpenAI-compatible server answers at ``api_base_url``; return the served model names.
 
     Raises ``ServerNotRunningError`` (down, starting, or not answering within ``timeout`` seconds) or
-    ``ConfigError`` (it answers, but does not serve ``model``, or needs an API key).
+    ``ConfigError`` (it answers, but does not serve ``model``, or needs an API key). Without ``api_key``, the key of
+    the servers rag-mag starts is sent, and put in ``$VLLM_API_KEY`` for this process's generators (``records``).
     """
     import httpx
 
     url = normalize_api_base_url(api_base_url or default_api_base_url())
+    api_key = api_key or export_api_key()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(f"{url}/models", headers=headers, timeout=timeout)
@@ -33,7 +43,9 @@ def check_server(api_base_url: str | None = None, *, model: str | None = None, t
             f", or point api_base_url / {URL_ENV} at a running server"
         ) from None
     if response.status_code == 401:
-        raise ConfigError(f"the vLLM server at {url} wants an API key; set VLLM_API_KEY to the server's --api-key")
+        raise ConfigError(f"the vLLM server at {url} wants an API key {'other than the one sent' if api_key else ''}"
+                          f"; a server rag-mag started takes the key in {api_key_path()}, another one its --api-key: "
+                          f"set {API_KEY_ENV} to it")
     if response.status_code != 200:
         raise ServerNotRunningError(
             f"the server at {url} answered GET /models with HTTP {response.status_code}; it is not a ready "

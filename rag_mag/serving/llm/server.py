@@ -27,8 +27,17 @@ from rag_mag.errors import ConfigError, ServerNotRunningError
 from rag_mag.precision import vllm_dtype
 from rag_mag.serving.llm.preflight import check_server
 from rag_mag.serving.llm.readers import resolve_model, served_name
-from rag_mag.serving.llm.records import ServerRecord, log_path, remove_record, server_status, write_record
+from rag_mag.serving.llm.records import (
+    ServerRecord,
+    api_key,
+    export_api_key,
+    log_path,
+    remove_record,
+    server_status,
+    write_record,
+)
 from rag_mag.serving.llm.settings import (
+    API_KEY_ENV,
     DEFAULT_HOST,
     DEFAULT_PORT,
     PYTHON_ENV,
@@ -66,8 +75,12 @@ FEW_CORES = 2  # at most this many cores: the vLLM worker computes on all of the
 EAGER_ARGS = ("--enforce-eager",)
 
 
-def build_env(model: str) -> dict[str, str]:
+def build_env(model: str, key: str | None = None) -> dict[str, str]:
+    """The server's environment; ``key``: the API key it asks every /v1 request for (in the environment, not on the
+    command line, which other users can read)."""
     env = dict(os.environ)
+    if key is not None:
+        env[API_KEY_ENV] = key
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on CPU (ignored on CUDA)
     if len(os.sched_getaffinity(0)) <= FEW_CORES:
         # vLLM's CPU worker leaves one core to the API front end; with 2 it would compute on one alone.
@@ -100,10 +113,12 @@ def start_server(
     """Start a detached vLLM server and wait until it answers; return its record (already running: reuse it).
 
     Raises ``ServerNotRunningError`` with the tail of the server log if the process dies or is not ready
-    within ``timeout`` seconds (then it is stopped).
+    within ``timeout`` seconds (then it is stopped). The server asks for the API key of ``records.api_key()``,
+    which this process's clients then send (``$VLLM_API_KEY``).
     """
     model_arg, default_name = resolve_model(model)
     served_model_name = served_model_name or default_name
+    key = export_api_key(api_key())
     running = server_status(port)
     if running is not None:
         if (running.model, running.served_model_name) != (model_arg, served_model_name):
@@ -125,7 +140,7 @@ def start_server(
     with open(log_file, "wb") as log:
         # A session of its own: stop() signals the whole process group (vLLM runs an engine subprocess).
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   env=build_env(model_arg), start_new_session=True, close_fds=True)
+                                   env=build_env(model_arg, key), start_new_session=True, close_fds=True)
     record = ServerRecord(pid=process.pid, host=host, port=port, model=model_arg,
                           served_model_name=served_model_name, log_path=str(log_file), started_at=time.time())
     write_record(record)
@@ -235,7 +250,7 @@ def run_foreground(model: str | None = None, *, host: str = DEFAULT_HOST, port: 
     served_model_name = served_model_name or default_name
     command = build_command(model_arg, host=host, port=port, served_model_name=served_model_name, python=python,
                             max_model_len=max_model_len, precision=precision, extra_args=extra_args)
-    process = subprocess.Popen(command, env=build_env(model_arg))
+    process = subprocess.Popen(command, env=build_env(model_arg, export_api_key(api_key())))
     write_record(ServerRecord(pid=process.pid, host=host, port=port, model=model_arg,
                               served_model_name=served_model_name, log_path="(foreground: the terminal)",
                               started_at=time.time()))

@@ -19,6 +19,7 @@ DEFAULT_SERVED_MODEL_NAME = "smollm2-135m-reader"
 BASE_SERVED_MODEL_NAME = "smollm2-135m-instruct"
 WRITER_SERVED_MODEL_NAME = "smollm2-135m-writer"  # the question writer of `rag-mag synth`
 URL_ENV = "RAG_MAG_VLLM_URL"
+API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM (the key it asks for) and by VLLMChatGenerator (the key it sends)
 PYTHON_ENV = "RAG_MAG_VLLM_PYTHON"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 START_HINT = "start it with `rag-mag serve-llm`"
