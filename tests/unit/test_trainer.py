@@ -264,3 +264,24 @@ def test_val_corpus_widens_the_validation_pool_to_a_whole_corpus(setup, tmp_path
     trainer.validate(encoder, validation)
     Trainer(setup()).validate(encoder, validation)
     assert seen == [[f"c{n}" for n in range(5)]] * 2 + [[]]
+
+
+def test_short_negatives_are_crops_of_other_queries_positives_and_train(setup):
+    from rag_mag.data import read_triples
+    from rag_mag.retriever.training.batches import SHORT_WORDS, make_batch
+
+    config = setup(short_negatives=2, hard_negatives=1)
+    triples = read_triples(config.train_data)
+    batch = make_batch(triples, step=3, config=config)
+    for triple, _, negatives in batch:
+        crops = [n for n in negatives if "#short" in n.id]
+        assert len(crops) == 2 and len(negatives) == 3
+        own = {p.text for p in triple.positives}
+        for crop in crops:
+            assert len(crop.text.split()) <= SHORT_WORDS[1]
+            assert not any(text.startswith(crop.text) for text in own)  # never a piece of the query's own answer
+    assert make_batch(triples, step=3, config=config) == batch  # seeded by (seed, step): resuming replays it
+    result = Trainer(setup(short_negatives=1, steps=6, eval_every=0, val_fraction=0.0)).train()
+    assert [r["step"] for r in result.history if "loss" in r][-1] == 6
+    with pytest.raises(ConfigError, match="short_negatives"):
+        TrainConfig(short_negatives=-1)

@@ -63,8 +63,31 @@ def make_batch(triples: list[Triple], step: int, config: TrainConfig) -> list[Ex
         positive = rng.choice(triple.positives)
         pool = list(triple.hard_negatives)
         negatives = rng.sample(pool, min(config.hard_negatives, len(pool)))
+        negatives += short_negatives(triples, index, config.short_negatives, rng)
         batch.append((triple, positive, negatives))
     return batch
+
+
+SHORT_WORDS = (4, 16)
+SHORT_TRIES = 10
+
+
+def short_negatives(triples: list[Triple], own: int, count: int, rng: random.Random) -> list[Passage]:
+    """``count`` crops of ``SHORT_WORDS`` words from the start of other queries' positives: short texts that do not
+    answer the query, as headings and navigation lines of real files do not (another query's positive, so that no
+    crop holds this query's answer)."""
+    answers = {p.id for p in triples[own].positives} | {p.text for p in triples[own].positives}
+    crops = []
+    for _ in range(SHORT_TRIES * count):  # a query whose positive is another's too is passed over
+        if len(crops) == count or len(triples) < 2:
+            break
+        other = rng.randrange(len(triples) - 1)
+        source = rng.choice(triples[other + (other >= own)].positives)
+        words = rng.randint(*SHORT_WORDS)
+        if source.id not in answers and source.text not in answers:
+            crops.append(Passage(id=f"{source.id}#short{words}", title="",
+                                 text=" ".join(source.text.split()[:words])))
+    return crops
 
 
 def false_negative_mask(batch: list[Example], documents: list[Passage]) -> torch.Tensor:

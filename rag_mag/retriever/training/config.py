@@ -51,6 +51,9 @@ class TrainConfig:
     batch_size: int = _f(32, "queries per step (each with one positive and hard_negatives negatives); under "
                               "torchrun the global batch, shared by the processes")
     hard_negatives: int = _f(1, "hard negatives per query (0: in-batch negatives only)")
+    short_negatives: int = _f(0, "short negatives per query: the first 4 to 16 words of another query's positive, "
+                                 "so that a short, generic text (a heading, a navigation line) learns no large score "
+                                 "from its length alone (0: none)")
     learning_rate: float = _f(2e-5, "AdamW learning rate of the encoder")
     gamma_learning_rate: float = _f(1e-2, "learning rate of the learnable normalization degrees (learnable only)")
     weight_decay: float = _f(0.01, "AdamW weight decay (not applied to biases, LayerNorm or degrees)")
@@ -94,7 +97,8 @@ class TrainConfig:
         for name in positive_ints:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("hard_negatives", "eval_every", "threads", "length_bucket_size", "train_layers"):
+        for name in ("hard_negatives", "short_negatives", "eval_every", "threads", "length_bucket_size",
+                     "train_layers"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
         for name in ("temperature", "learning_rate", "gamma_learning_rate", "max_grad_norm"):
