@@ -139,7 +139,9 @@ def measure_vllm(kind: str, dtype_precision: str, port: int) -> dict:
         os.environ.clear()
         os.environ.update(saved)
     try:
-        client = OpenAI(base_url=record.api_base_url, api_key="none", timeout=900)
+        from rag_mag.serving.llm import records as llm_records
+
+        client = OpenAI(base_url=record.api_base_url, api_key=llm_records.api_key(), timeout=900)  # the server's key
         questions = [f"Question {i}: name a famous river in Europe and say where it flows." for i in range(16)]
 
         def ask(text: str):
