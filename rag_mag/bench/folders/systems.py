@@ -15,7 +15,10 @@ Both give chunks as ``Chunk`` (id, file, pages, words, raw norm where there is o
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,30 +120,50 @@ class HaystackStockSystem:
         return built
 
     def index(self, folder: Path, out: Path) -> None:
-        from haystack.components.preprocessors import DocumentCleaner, DocumentSplitter
+        """Convert, split and embed the folder; kept in ``out/store.json`` (Haystack's own format) for as long as
+        the folder's files are the same, so another split of the same collection does not embed it again."""
         from haystack.document_stores.in_memory import InMemoryDocumentStore
 
-        from rag_mag.ingestion.files import find_files, pdf_limits, read_file
+        from rag_mag import durable
+        from rag_mag.ingestion.files import find_files, read_file
         from rag_mag.models import default_retriever_base
 
         scan = find_files([str(folder)])
         streams = [stream for stream, _ in (read_file(found, 50_000_000) for found in scan.files) if stream]
+        self.model = self.model or default_retriever_base()
+        digest = hashlib.sha256(json.dumps([self.mode, self.model, STOCK_SPLIT_LENGTH, STOCK_SPLIT_OVERLAP] + sorted(
+            (s.meta["file"], s.meta["file_sha256"]) for s in streams)).encode()).hexdigest()
+        kept = out / "store.json"
+        if kept.is_file() and (out / "digest").is_file() and (out / "digest").read_text() == digest:
+            self.store = InMemoryDocumentStore.load_from_disk(str(kept))
+            return
+        self.store = InMemoryDocumentStore(embedding_similarity_function="cosine")
+        self.store.write_documents(self._chunks(streams))
+        out.mkdir(parents=True, exist_ok=True)
+        staged = out / "store.json.partial"
+        self.store.save_to_disk(str(staged))
+        os.replace(staged, kept)
+        durable.write_text(out / "digest", digest)
+
+    def _chunks(self, streams: list) -> list:
+        from haystack.components.preprocessors import DocumentCleaner, DocumentSplitter
+
+        from rag_mag.ingestion.files import pdf_limits
+
         with pdf_limits():  # as rag-mag's indexing reads them
             converted = self._converters().run({"router": {"sources": streams}})["joiner"]["documents"]
         cleaned = DocumentCleaner().run(converted)["documents"]
         chunks = DocumentSplitter(split_by="word", split_length=STOCK_SPLIT_LENGTH,
                                   split_overlap=STOCK_SPLIT_OVERLAP).run(cleaned)["documents"]
-        self.store = InMemoryDocumentStore(embedding_similarity_function="cosine")
         if self.mode == "embedding":
             from haystack_integrations.components.embedders.sentence_transformers import (
                 SentenceTransformersDocumentEmbedder,
             )
 
-            self.model = self.model or default_retriever_base()
             embedder = SentenceTransformersDocumentEmbedder(model=self.model, progress_bar=True, batch_size=64)
             embedder.warm_up()
             chunks = embedder.run(chunks)["documents"]
-        self.store.write_documents(chunks)
+        return chunks
 
     def chunks(self) -> list[Chunk]:
         return [chunk_of(document) for document in self.store.filter_documents()]
