@@ -15,8 +15,9 @@ METRICS = ("file@1", "file@5", "page@1", "page@5")
 ANSWER_METRICS = ("em", "f1", "accuracy", "fact_recall")
 
 
-def summarize(cell: dict[str, Any]) -> dict[str, Any]:
-    """Means (0-100) with 95% bootstrap intervals of a cell's per-question values, and its index figures."""
+def summarize(cell: dict[str, Any], answers: bool = True) -> dict[str, Any]:
+    """Means (0-100) with 95% bootstrap intervals of a cell's per-question values, and its index figures; the
+    answers' only with ``answers`` (a config without a reader shows none, even where a cell kept some)."""
     summary: dict[str, Any] = {"n_chunks": cell["n_chunks"], "hubness@5": 100 * cell["hubness@5"],
                                "chunk_hubness@5": cell["chunk_hubness"]["hubness@5"]}
     for metric in METRICS:
@@ -25,7 +26,7 @@ def summarize(cell: dict[str, Any]) -> dict[str, Any]:
             low, high = bootstrap_ci(values)
             summary[metric] = {"mean": 100 * float(np.mean(values)), "ci": [100 * low, 100 * high],
                                "n": len(values)}
-    for metric, values in (cell.get("answer_scores") or {}).items():
+    for metric, values in (cell.get("answer_scores") or {}).items() if answers else ():
         if values:
             low, high = bootstrap_ci(values)
             summary[metric] = {"mean": 100 * float(np.mean(values)), "ci": [100 * low, 100 * high],
@@ -48,13 +49,13 @@ def _values(cell: dict[str, Any], metric: str) -> list[float]:
     return cell["per_question"].get(metric) or (cell.get("answer_scores") or {}).get(metric) or []
 
 
-def _comparisons(cells: dict, collection: str, systems: list[str]) -> list[str]:
+def _comparisons(cells: dict, collection: str, systems: list[str], answers: bool) -> list[str]:
     """Each system against the first one (the default) on file@5 and answer accuracy (or fact recall), paired
     over the same questions."""
     lines, first = [], cells.get((collection, systems[0]))
     if first is None:
         return lines
-    for metric in ("file@5", "accuracy", "fact_recall"):
+    for metric in ("file@5", "accuracy", "fact_recall") if answers else ("file@5",):
         for name in systems[1:]:
             other = cells.get((collection, name))
             mine, theirs = _values(first, metric), _values(other, metric) if other else []
@@ -87,13 +88,13 @@ def write_report(config, collections: list[str], cells: dict, out: Path) -> None
             cell = cells.get((collection, name))
             if cell is None:
                 continue
-            summary = summarize(cell)
+            summary = summarize(cell, answers=bool(config.reader))
             results["collections"][collection][name] = summary
             figures = [f"{summary['hubness@5']:.1f}", f"{summary['chunk_hubness@5']:.1f}", str(summary["n_chunks"]),
                        f"{summary['median_words']:.0f}", str(summary["chunks_under_25_words"])]
             lines.append(f"| {name} | " + " | ".join([_cell_text(summary, m) for m in METRICS + ANSWER_METRICS]
                                                     + figures) + " |")
-        lines += ["", *_comparisons(cells, collection, systems), ""]
+        lines += ["", *_comparisons(cells, collection, systems, bool(config.reader)), ""]
     lines += ["## Document norm by chunk length", "",
               "Median raw document norm of the chunks in each length band, relative to the median of the index, and "
               "Spearman's correlation of norm and length (rag-mag systems; Haystack's stock embedder normalizes).", "",
