@@ -18,6 +18,7 @@ from rag_mag.bench.config import BenchConfig, load_bench_config, resolve_path
 from rag_mag.bench.crossover.config import CrossoverConfig, load_crossover_config
 from rag_mag.bench.dataset_specs import load_registry, parse_dataset_arg
 from rag_mag.bench.datasets import data_root
+from rag_mag.bench.folders.runner import FoldersConfig, load_folders_config
 from rag_mag.models import REPO_ROOT
 from rag_mag.reader.config import ReaderConfig
 from rag_mag.retriever.data.spec import DataSpec, load_data_spec
@@ -50,6 +51,8 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], type]] = {
     "train_data.yaml": (load_data_recipe, DataSpec),
     "reader.yaml": (load_reader_config, ReaderConfig),
     "writer.yaml": (load_reader_config, ReaderConfig),
+    "realdocs.yaml": (load_folders_config, FoldersConfig),
+    "realdocs-training.yaml": (load_folders_config, FoldersConfig),
 }
 
 

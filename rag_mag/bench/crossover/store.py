@@ -28,11 +28,18 @@ RUN_SETTINGS = ("strategy", "seed", "steps", "train_data", "val_data", "val_corp
                 "resume_anyway")
 
 
+# TrainConfig fields added after the study, with the default that trains exactly as before they existed: they enter
+# a cell's key only when set otherwise, so that adding one does not make every committed cell stale.
+NEUTRAL_DEFAULTS = {"short_negatives": 0}
+
+
 def recipe_settings(train: dict) -> dict:
     """The training settings a run's cell depends on: TrainConfig's defaults under the config's ``train`` block,
     so that a changed default (``wise_alpha`` became 0.5) makes the cells trained under the old one stale."""
     defaults = {k: v for k, v in asdict(TrainConfig()).items() if k not in RUN_SETTINGS}
-    return {k: v for k, v in {**defaults, **train}.items() if k not in (*MACHINE_SETTINGS, "selection")}
+    settings = {**defaults, **train}
+    return {k: v for k, v in settings.items() if k not in (*MACHINE_SETTINGS, "selection")
+            and not (k in NEUTRAL_DEFAULTS and v == NEUTRAL_DEFAULTS[k])}
 
 
 class CrossoverStore:
