@@ -84,17 +84,19 @@ def write_report(config, collections: list[str], cells: dict, out: Path) -> None
         lines += [f"## {collection}", "", "| system | file@1 | file@5 | page@1 | page@5 | EM | F1 | accuracy | "
                   "fact recall | hubness@5 | hubness@5, chunks asked | chunks | median words | chunks < 25 words |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        answered = bool(config.reader) and (config.answer_collections is None
+                                             or collection in config.answer_collections)
         for name in systems:
             cell = cells.get((collection, name))
             if cell is None:
                 continue
-            summary = summarize(cell, answers=bool(config.reader))
+            summary = summarize(cell, answers=answered)
             results["collections"][collection][name] = summary
             figures = [f"{summary['hubness@5']:.1f}", f"{summary['chunk_hubness@5']:.1f}", str(summary["n_chunks"]),
                        f"{summary['median_words']:.0f}", str(summary["chunks_under_25_words"])]
             lines.append(f"| {name} | " + " | ".join([_cell_text(summary, m) for m in METRICS + ANSWER_METRICS]
                                                     + figures) + " |")
-        lines += ["", *_comparisons(cells, collection, systems, bool(config.reader)), ""]
+        lines += ["", *_comparisons(cells, collection, systems, answered), ""]
     lines += ["## Document norm by chunk length", "",
               "Median raw document norm of the chunks in each length band, relative to the median of the index, and "
               "Spearman's correlation of norm and length (rag-mag systems; Haystack's stock embedder normalizes).", "",

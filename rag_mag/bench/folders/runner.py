@@ -69,6 +69,7 @@ class FoldersConfig:
     output_dir: str | None = None
     reader: str | None = "smollm2-135m-reader"  # None: rank only, no answers
     llm_url: str | None = None
+    answer_collections: list[str] | None = None  # None: answer the questions of every collection
 
     def out_dir(self) -> Path:
         from rag_mag.models import REPO_ROOT
@@ -82,10 +83,14 @@ def load_folders_config(path: str | Path, overrides: dict[str, Any] | None = Non
     except (OSError, yaml.YAMLError) as error:
         raise ConfigError(f"cannot read the benchmark config {path}: {error}") from None
     data = {**(data or {}), **(overrides or {})}
-    unknown = set(data) - {"name", "collections", "systems", "split", "output_dir", "notes", "reader", "llm_url"}
+    unknown = set(data) - {"name", "collections", "systems", "split", "output_dir", "notes", "reader", "llm_url",
+                           "answer_collections"}
     if unknown:
         raise ConfigError(f"{path}: unknown keys {sorted(unknown)}; a real-documents config has name, collections, "
-                          "systems, split, reader, llm_url, output_dir and notes")
+                          "systems, split, reader, llm_url, answer_collections, output_dir and notes")
+    answering = data.get("answer_collections")
+    if answering is not None and not set(answering) <= set(data.get("collections") or []):
+        raise ConfigError(f"{path}: answer_collections must be some of the collections, got {answering}")
     if data.get("split", "validation") not in SPLITS:
         raise ConfigError(f"{path}: split must be one of {', '.join(SPLITS)}, got {data.get('split')!r}")
     systems = []
@@ -100,7 +105,8 @@ def load_folders_config(path: str | Path, overrides: dict[str, Any] | None = Non
         raise ConfigError(f"{path}: name, collections and systems are required")
     return FoldersConfig(name=str(data["name"]), collections=list(data["collections"]), systems=systems,
                          split=data.get("split", "validation"), output_dir=data.get("output_dir"),
-                         reader=data.get("reader", "smollm2-135m-reader"), llm_url=data.get("llm_url"))
+                         reader=data.get("reader", "smollm2-135m-reader"), llm_url=data.get("llm_url"),
+                         answer_collections=answering)
 
 
 def make_system(spec: SystemSpec):
@@ -235,8 +241,9 @@ class FoldersRunner:
 
         reader = durable.sha256_of(default_pipeline("reader"))
         settings = f"{self.config.reader} {reader} {RAG_TOP_K} {MAX_TOKENS}"
-        pending = {pair: cell for pair, cell in cells.items()
-                   if cell.get("answers_key") != hashlib.sha256(f"{settings} {cell['key']}".encode()).hexdigest()}
+        answering = self.config.answer_collections
+        pending = {pair: cell for pair, cell in cells.items() if (answering is None or pair[0] in answering)
+                   and cell.get("answers_key") != hashlib.sha256(f"{settings} {cell['key']}".encode()).hexdigest()}
         if not pending:
             return
         with running_server(self.config.llm_url, start=True, model=self.config.reader) as url:
