@@ -93,3 +93,18 @@ def tiny_reader_adapter(folder: Path):
     peft_model.save_pretrained(adapter_dir)
     write_checksums(adapter_dir)
     return base_dir, adapter_dir, peft_model
+
+
+def paris_index(root: Path) -> Path:
+    """``root/index-qnorm``: a one-passage corpus ("paris is in france") indexed with a tiny qnorm retriever saved
+    at ``root/retriever-qnorm``, through pipelines/indexing.yaml; the demo's fault tests serve it."""
+    import json
+
+    from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+
+    (root / "corpus.jsonl").write_text(json.dumps({"id": "p0", "title": "Paris", "text": "paris is in france"}) + "\n")
+    checkpoint = tiny_encoder(root / "tok", "qnorm", seed=1).save(root / "retriever-qnorm")
+    run_pipeline(load_pipeline(PIPELINES_DIR / "indexing.yaml", {
+        "corpus": str(root / "corpus.jsonl"), "retriever": str(checkpoint), "out": str(root / "index-qnorm"),
+        "embedder.progress_bar": False}), {})
+    return root / "index-qnorm"

@@ -6,7 +6,6 @@ in the log."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -20,10 +19,10 @@ from rag_mag.demo.app import create_app
 from rag_mag.demo.indexes import IndexSpec
 from rag_mag.demo.loading import load_index
 from rag_mag.demo.service import DemoService
-from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+from rag_mag.serving.pipelines import PIPELINES_DIR
 from rag_mag.serving.processes import find_free_port
 from tests.local import closed_port_url
-from tests.tiny import tiny_encoder
+from tests.tiny import paris_index
 
 pytestmark = pytest.mark.faults
 
@@ -38,11 +37,7 @@ API_ROUTES = [("GET", "/api/indexes"), ("POST", "/api/ask"), ("POST", "/api/ask/
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("auth-faults")
-    (root / "corpus.jsonl").write_text(json.dumps({"id": "p0", "title": "Paris", "text": "paris is in france"}) + "\n")
-    checkpoint = tiny_encoder(root / "tok", "qnorm", seed=1).save(root / "retriever-qnorm")
-    run_pipeline(load_pipeline(PIPELINES_DIR / "indexing.yaml", {
-        "corpus": str(root / "corpus.jsonl"), "retriever": str(checkpoint), "out": str(root / "index-qnorm"),
-        "embedder.progress_bar": False}), {})
+    paris_index(root)
     return root
 
 

@@ -5,7 +5,6 @@ the uploads folder, and not inside it either."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,9 @@ from rag_mag.demo.document_jobs import uploads_dir
 from rag_mag.demo.indexes import IndexSpec
 from rag_mag.demo.loading import load_index
 from rag_mag.demo.service import DemoService
-from rag_mag.serving.pipelines import PIPELINES_DIR, load_pipeline, run_pipeline
+from rag_mag.serving.pipelines import PIPELINES_DIR
 from tests.local import closed_port_url
-from tests.tiny import tiny_encoder
+from tests.tiny import paris_index
 
 pytestmark = pytest.mark.faults
 
@@ -32,11 +31,7 @@ MAX_UPLOAD_MB = 0.05  # 50 kB
 def root(tmp_path_factory) -> Path:
     """A folder holding the index, its retriever and (once something is uploaded) its uploads folder."""
     root = tmp_path_factory.mktemp("upload-faults")
-    (root / "corpus.jsonl").write_text(json.dumps({"id": "p0", "title": "Paris", "text": "paris is in france"}) + "\n")
-    checkpoint = tiny_encoder(root / "tok", "qnorm", seed=1).save(root / "retriever-qnorm")
-    run_pipeline(load_pipeline(PIPELINES_DIR / "indexing.yaml", {
-        "corpus": str(root / "corpus.jsonl"), "retriever": str(checkpoint), "out": str(root / "index-qnorm"),
-        "embedder.progress_bar": False}), {})
+    paris_index(root)
     return root
 
 
