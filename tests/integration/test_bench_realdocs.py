@@ -26,6 +26,7 @@ FACTS = {
 
 
 def test_the_benchmark_ranks_and_answers_with_the_real_models(vllm_server, tmp_path, monkeypatch, capsys):
+    retriever = default_retriever_dir()  # the set-up's, before the benchmark's artifacts go to tmp_path
     monkeypatch.setenv("RAG_MAG_ARTIFACTS", str(tmp_path / "artifacts"))
     collection = tmp_path / "collection"
     (collection / "files").mkdir(parents=True)
@@ -42,7 +43,7 @@ def test_the_benchmark_ranks_and_answers_with_the_real_models(vllm_server, tmp_p
     config = tmp_path / "mini.yaml"
     config.write_text(f"name: mini\nsplit: test\nreader: smollm2-135m-reader\nllm_url: {vllm_server}\n"
                       f"collections: [{collection}]\nsystems:\n"
-                      f"  - {{name: qnorm, kind: rag_mag, retriever: {default_retriever_dir()}}}\n"
+                      f"  - {{name: qnorm, kind: rag_mag, retriever: {retriever}}}\n"
                       "  - {name: haystack_stock, kind: haystack}\n  - {name: haystack_bm25, kind: haystack_bm25}\n")
     out = tmp_path / "report"
     assert main(["bench", str(config), "--output-dir", str(out)]) == 0
