@@ -222,12 +222,13 @@ class FoldersRunner:
         """The cell of ``spec`` on ``collection``: reused where its key matches, else indexed and ranked now."""
         from rag_mag.models import artifacts_dir
 
-        key = hashlib.sha256(f"{CELL_FORMAT} {spec.key()} {digest} {self.config.split}".encode()).hexdigest()[:12]
+        system_key = spec.key()
+        key = hashlib.sha256(f"{CELL_FORMAT} {system_key} {digest} {self.config.split}".encode()).hexdigest()[:12]
         path = out / "cells" / f"{collection.name}__{spec.name}.json"
         cell = read_cell(path)
         if cell is None or cell.get("key") != key:
             logger.info("scoring %s on %s (%d questions)", spec.name, collection.name, len(questions))
-            index_dir = artifacts_dir() / "bench" / "folders" / collection.name / f"{spec.name}-{spec.key()}"
+            index_dir = artifacts_dir() / "bench" / "folders" / collection.name / f"{spec.name}-{system_key}"
             cell = {**run_cell(spec, collection, questions, index_dir), "key": key}
             path.parent.mkdir(parents=True, exist_ok=True)
             durable.write_text(path, json.dumps(cell))

@@ -62,6 +62,7 @@ class RagMagSystem:
     overrides: dict[str, Any] = field(default_factory=dict)
     pipeline: Any = None
     store: Any = None
+    index_dir: Path | None = None
 
     def index(self, folder: Path, out: Path) -> None:
         from rag_mag.components.faiss_document_store import FAISSDocumentStore
@@ -71,8 +72,7 @@ class RagMagSystem:
         if summary.plan.skipped:
             logger.warning("%s: %d files skipped: %s", self.name, len(summary.plan.skipped), summary.plan.skipped[:3])
         self.store = FAISSDocumentStore(path=str(out))
-        self.pipeline = None
-        self._out = out
+        self.pipeline, self.index_dir = None, out
 
     def chunks(self) -> list[Chunk]:
         return [chunk_of(document) for document in self.store.filter_documents()]
@@ -80,14 +80,14 @@ class RagMagSystem:
     def rank(self, questions: list[str], top_k: int) -> list[list[str]]:
         from rag_mag.serving.pipelines import default_pipeline, load_pipeline, question_inputs
 
-        if self.pipeline is None:
+        if self.pipeline is None or self.pipeline.get_component("retriever").top_k < top_k:
             self.pipeline = load_pipeline(default_pipeline("retrieve"), {
-                "index": str(self._out), "retriever": str(self.retriever), "top_k": top_k})
+                "index": str(self.index_dir), "retriever": str(self.retriever), "top_k": top_k})
             self.pipeline.warm_up()
         rankings = []
         for question in questions:
             result = self.pipeline.run(question_inputs(self.pipeline, question))
-            rankings.append([document.id for document in result["retriever"]["documents"]])
+            rankings.append([document.id for document in result["retriever"]["documents"]][:top_k])
         return rankings
 
 
