@@ -136,6 +136,16 @@ def contains_answer(text: str, answers: Sequence[str]) -> bool:
     return False
 
 
+# The reader's one reply for "the passages do not answer this" (it learns it in `rag-mag train-reader` with
+# `no_answer_share`). A word that is never an answer span, so that a reply is an abstention or an answer.
+NO_ANSWER_REPLY = "unanswerable"
+
+
+def is_no_answer(answer: str) -> bool:
+    """True if a reader's (cleaned) answer is its abstention reply, or empty: nothing to show as an answer."""
+    return normalize_answer(answer) in ("", NO_ANSWER_REPLY)
+
+
 def clean_answer(text: str) -> str:
     """First non-empty line, without a leading "Answer:" and trailing period."""
     for line in (text or "").splitlines():

@@ -99,7 +99,7 @@ class ReaderCallbacks(TrainerCallback):
                 scores, answers = self._scores(model)
         record = {"step": step, "val_em": scores["em"], "val_f1": scores["f1"], "val_n": scores["n"], **full,
                   **{f"val_{name}": value for name, value in scores.items()
-                     if name.startswith(("em_", "n_")) or name == "valid"}}
+                     if name.startswith(("em_", "n_")) or name in ("valid", "false_abstain")}}
         logger.info("step %d validation: EM %.1f F1 %.1f on %d held-out examples%s", step, scores["em"],
                     scores["f1"], scores["n"], f" (full weights: EM {full['val_em_full']:.1f})" if full else "")
         self._append(record)

@@ -57,6 +57,10 @@ class ReaderConfig:
                                        "max_passage_chars of the pipelines: rag.yaml 700, rag_multihop.yaml 500)")
     followup_chars: int = _f(500, "passage truncation of the follow-up view, which teaches rag_multihop.yaml's "
                                   "follow-up query (its FollowUpPromptBuilder's max_passage_chars); 0: no such view")
+    no_answer_share: float = _f(0.0, "share of the examples (training and validation) whose passages hold no answer, "
+                                     "with the target 'unanswerable': the reader learns to abstain (0: never)")
+    init_adapter: str = _f("", "a LoRA adapter folder to continue training from (e.g. data/reader_default, checked "
+                               "against its SHA256SUMS; its rank must be lora_rank); empty: a new adapter")
     val_questions: int = _f(200, "held-out gold questions for validation (whole questions, both views)")
     val_max_examples: int = _f(200, "at most this many validation examples are answered at each validation")
     method: str = _f("lora", "lora: train a LoRA adapter of rank lora_rank on every linear layer; full: train every "
@@ -99,7 +103,9 @@ class ReaderConfig:
             raise ConfigError(f"threads must be 0 or more, got {self.threads}")
         if not math.isfinite(self.learning_rate) or self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be a positive number, got {self.learning_rate}")
-        for name in ("warmup_ratio", "weight_decay", "lora_dropout"):
+        if self.init_adapter and self.method != "lora":
+            raise ConfigError("init_adapter continues a LoRA adapter; it needs --method lora")
+        for name in ("warmup_ratio", "weight_decay", "lora_dropout", "no_answer_share"):
             if not 0.0 <= float(getattr(self, name)) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not (self.gold_triples or self.gold_eval):
@@ -120,7 +126,7 @@ class ReaderConfig:
         """The settings that decide the examples (a change means building them again)."""
         names = ("task", "gold_triples", "gold_eval", "mined_rows", "exclude_from", "retrieval_corpus",
                  "retrieval_model", "max_passages", "passage_counts", "passage_chars", "followup_chars",
-                 "val_questions", "seed")
+                 "val_questions", "seed", "no_answer_share")
         return {name: getattr(self, name) for name in names}
 
     def to_dict(self) -> dict[str, Any]:

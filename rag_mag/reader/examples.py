@@ -23,6 +23,13 @@ The question writer (``task: question``) learns the reverse task from the same t
 ``question`` view shows one gold passage that holds an answer (within the truncation it is shown at), and its
 target is that question with the answer found there (``question_target``). Two-passage questions (HotpotQA's) are
 left out: one passage does not answer them.
+With ``no_answer_share`` the reader also learns to abstain: a ``no_answer`` view shows passages that hold no
+alias of the answer, with the target ``NO_ANSWER_REPLY``. Its passages are, drawn per question, the retrieved
+top k when no answer occurs in it (what a retriever returns for a question its corpus cannot answer), the
+question's own distractors (on-topic, without the answer), or another question's gold passages; yes/no questions
+are left out (a passage may imply the answer without naming it). That view is drawn until it is that share of
+the examples, in training and in validation alike.
+
 Validation holds out whole questions (``val_questions`` of them, from the gold sources) before any view is made.
 """
 
@@ -38,7 +45,7 @@ from pathlib import Path
 
 from rag_mag.data import Passage, read_eval, read_triples
 from rag_mag.errors import ConfigError
-from rag_mag.metrics.answers import contains_answer, normalize_answer
+from rag_mag.metrics.answers import NO_ANSWER_REPLY, contains_answer, normalize_answer
 from rag_mag.retriever.data.linked_positives import title_words
 
 logger = logging.getLogger(__name__)
@@ -78,6 +85,7 @@ class ExampleStats:
     excluded_eval_overlap: int = 0
     no_answer_in_gold: int = 0
     retrieved_without_answer: int = 0
+    no_answer_sources: dict[str, int] = field(default_factory=dict)
     examples: dict[str, int] = field(default_factory=dict)
 
 
@@ -141,9 +149,10 @@ Retrieve = Callable[[list[str], int], list[list[Passage]]]
 
 def build_examples(questions: list[Question], *, max_passages: int, passage_counts: Sequence[int],
                    passage_chars: Sequence[int], seed: int, retrieve: Retrieve | None,
-                   stats: ExampleStats, followup_chars: int = 0) -> list[ReaderExample]:
-    """Both views of every question (the retrieved one only with a ``retrieve`` function), and with
-    ``followup_chars`` the follow-up view of every two-passage question."""
+                   stats: ExampleStats, followup_chars: int = 0, no_answer_share: float = 0.0) -> list[ReaderExample]:
+    """Both views of every question (the retrieved one only with a ``retrieve`` function), with
+    ``followup_chars`` the follow-up view of every two-passage question, and with ``no_answer_share`` the
+    no-answer view until it is that share of the examples."""
     rng = random.Random(seed)
     examples: list[ReaderExample] = []
     for question in questions:
@@ -152,13 +161,16 @@ def build_examples(questions: list[Question], *, max_passages: int, passage_coun
             stats.no_answer_in_gold += 1
         else:
             examples.append(example)
+    unanswered: dict[int, list[Passage]] = {}  # question index -> its retrieved passages that hold no answer
     if retrieve is not None:
         counts = [rng.choice(list(passage_counts)) for _ in questions]
         ranked = retrieve([q.question for q in questions], max(counts))
-        for question, count, passages in zip(questions, counts, ranked, strict=True):
+        for number, (question, count, passages) in enumerate(zip(questions, counts, ranked, strict=True)):
             example = _retrieved_view(question, passages[:count], passage_chars, rng)
             if example is None:
                 stats.retrieved_without_answer += 1
+                if passages[:count] and not _holds_answer(question, passages[:count]):
+                    unanswered[number] = passages[:count]
             else:
                 examples.append(example)
     if followup_chars:
@@ -166,9 +178,49 @@ def build_examples(questions: list[Question], *, max_passages: int, passage_coun
             example = _followup_view(question, followup_chars, rng)
             if example is not None:
                 examples.append(example)
+    if no_answer_share > 0:
+        wanted = round(len(examples) * no_answer_share / (1.0 - no_answer_share))
+        examples += _no_answer_views(questions, unanswered, wanted, max_passages, passage_chars, rng, stats)
     for example in examples:
         stats.examples[example.view] = stats.examples.get(example.view, 0) + 1
     rng.shuffle(examples)
+    return examples
+
+
+def _holds_answer(question: Question, passages: Sequence[Passage]) -> bool:
+    return any(contains_answer(p.text, question.answers) or contains_answer(p.title, question.answers)
+               for p in passages)
+
+
+def _no_answer_views(questions: list[Question], unanswered: dict[int, list[Passage]], wanted: int,
+                     max_passages: int, passage_chars: Sequence[int], rng: random.Random,
+                     stats: ExampleStats) -> list[ReaderExample]:
+    """Up to ``wanted`` examples whose passages hold no alias of the answer, each question at most once; the
+    passages drawn per question from its retrieved top k without the answer, its own distractors without the
+    answer, or another question's gold passages."""
+    order = [n for n, q in enumerate(questions) if not any(normalize_answer(a) in YES_NO for a in q.answers)]
+    rng.shuffle(order)
+    examples: list[ReaderExample] = []
+    for number in order:
+        if len(examples) >= wanted:
+            break
+        question = questions[number]
+        own = [p for p in question.distractors if not _holds_answer(question, [p])]
+        other = questions[rng.randrange(len(questions))]
+        choices = {"retrieved": unanswered.get(number, []),
+                   "distractors": rng.sample(own, min(len(own), rng.randint(1, max_passages))),
+                   "other_question": [] if other is question else (other.gold + other.distractors)[:max_passages]}
+        choices = {name: passages for name, passages in choices.items()
+                   if passages and not _holds_answer(question, passages)}
+        if not choices:
+            continue
+        source = rng.choice(sorted(choices))
+        shown = list(choices[source])
+        rng.shuffle(shown)
+        stats.no_answer_sources[source] = stats.no_answer_sources.get(source, 0) + 1
+        examples.append(ReaderExample(f"{question.id}#no_answer", question.question, (NO_ANSWER_REPLY,),
+                                      NO_ANSWER_REPLY, tuple((p.title, p.text) for p in shown), "no_answer",
+                                      question.source, rng.choice(passage_chars)))
     return examples
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rag_mag.components.answer_prompt import answer_messages
 from rag_mag.components.followup_prompt import followup_messages
 from rag_mag.components.question_prompt import parse_question, question_messages
-from rag_mag.metrics.answers import clean_answer, contains_answer, score_answers
+from rag_mag.metrics.answers import clean_answer, contains_answer, is_no_answer, score_answers
 from rag_mag.reader.examples import ReaderExample
 
 
@@ -43,7 +43,9 @@ def read_reply(example: ReaderExample, reply: str) -> tuple[str, bool | None]:
 
 def validation_scores(model, tokenizer, validation: list[ReaderExample], *, max_new_tokens: int,
                       bf16: bool, batch_size: int = 16) -> tuple[dict[str, float], list[str]]:
-    """Greedy answers to the validation prompts; EM and F1 (0-100) against every gold alias, and EM per view.
+    """Greedy answers to the validation prompts; EM and F1 (0-100) against every gold alias, and EM per view
+    (``em_no_answer``: the share of no-answer examples the reader abstained on; ``false_abstain``: the share of
+    answerable ones it abstained on).
 
     A question writer's reply is scored by its answer line (against the answer the real question has there), and
     ``valid`` is the share of replies that parse as a question and an answer found in the passage shown."""
@@ -73,7 +75,10 @@ def validation_scores(model, tokenizer, validation: list[ReaderExample], *, max_
     result = {"em": scores.em, "f1": scores.f1, "n": len(validation)}
     if valid:
         result["valid"] = 100.0 * sum(valid) / len(valid)
-    for view in sorted({example.view for example in validation}):  # gold, retrieved, followup
+    answerable = [a for e, a in zip(validation, answers, strict=True) if e.task == "answer" and e.view != "no_answer"]
+    if answerable and any(e.view == "no_answer" for e in validation):
+        result["false_abstain"] = 100.0 * sum(map(is_no_answer, answerable)) / len(answerable)
+    for view in sorted({example.view for example in validation}):  # gold, retrieved, followup, no_answer
         rows = [i for i, example in enumerate(validation) if example.view == view]
         result[f"em_{view}"] = 100.0 * float(scores.em_per_example[rows].mean())
         result[f"n_{view}"] = len(rows)

@@ -137,7 +137,8 @@ class ReaderTrainer:
             corpus = read_corpus(settings["retrieval_corpus"])
             retrieve = reader_examples.dense_retriever(settings["retrieval_model"], corpus, config.precision)
         build = dict(max_passages=config.max_passages, passage_counts=config.passage_count_values,
-                     passage_chars=config.passage_char_values, retrieve=retrieve, stats=stats)
+                     passage_chars=config.passage_char_values, retrieve=retrieve, stats=stats,
+                     no_answer_share=config.no_answer_share)
         train = reader_examples.build_examples(train_questions, seed=config.seed, followup_chars=config.followup_chars,
                                                **build)
         validation = reader_examples.build_examples(val_questions, seed=config.seed + 1, **build)
@@ -184,6 +185,21 @@ class ReaderTrainer:
                     self.out, step, self.config.steps, record["step"], record["validation"]["em"])
         return ReaderResult(self.adapter_dir, record["step"], {"step": record["step"], **record["validation"]})
 
+    def _continued_adapter(self, model):
+        """``model`` with the LoRA adapter of ``init_adapter`` (verified against its SHA256SUMS), trainable."""
+        from peft import PeftModel
+
+        from rag_mag.reader.merge import ADAPTER_CONFIG, verify_adapter
+
+        folder = Path(self.config.init_adapter)
+        verify_adapter(folder)
+        rank = json.loads((folder / ADAPTER_CONFIG).read_text()).get("r")
+        if rank != self.config.lora_rank:
+            raise ConfigError(f"the adapter {folder} has rank {rank}, but lora_rank is {self.config.lora_rank}; set "
+                              f"--lora-rank {rank}")
+        logger.info("continuing the LoRA adapter %s", folder)
+        return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+
     # ---------------------------------------------------------------------------------------- training
     def train(self) -> ReaderResult:
         import torch
@@ -224,7 +240,9 @@ class ReaderTrainer:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         self.base_dir = base
         lora, base_weights = None, None
-        if config.method == "lora":
+        if config.init_adapter:
+            model = self._continued_adapter(model)
+        elif config.method == "lora":
             lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                               target_modules="all-linear", task_type="CAUSAL_LM")
         else:
