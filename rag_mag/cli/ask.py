@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +12,27 @@ from rag_mag.cli import DefaultsHelpFormatter
 from rag_mag.errors import CheckpointError, ConfigError
 
 
+def finite_number(value: str) -> float:
+    """An argparse type: a float that is neither NaN nor infinite."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value}")
+    return number
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from rag_mag.components.answer_builder import ABSTAIN_MODES
     from rag_mag.models import default_retriever_dir
     from rag_mag.serving.pipelines import default_index_dir, default_pipeline, default_qdrant_dir
 
     parser = subparsers.add_parser(
         "ask", help="answer a question from the index (runs pipelines/rag.yaml)",
         description="Retrieve passages for a question, answer with the LLM served by vLLM, and print the answer "
-                    "with its ranked sources: score = cosine x query norm x document norm.",
+                    "with its ranked sources: score = cosine x query norm x document norm. When the passages do "
+                    "not hold the answer, it prints \"The documents do not say.\" and the closest sources.",
         formatter_class=DefaultsHelpFormatter)
     parser.add_argument("question", help="the question, in quotes")
     parser.add_argument("--index", default=str(default_index_dir()),
@@ -36,13 +50,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=None, help="passages retrieved (default: the pipeline's)")
     parser.add_argument("--llm-url", default=None, help="vLLM server base URL (default: the pipeline's, or "
                         "$RAG_MAG_VLLM_URL)")
+    parser.add_argument("--abstain", choices=ABSTAIN_MODES, default=None,
+                        help="auto: say \"The documents do not say.\" when the reader finds no answer in the "
+                             "passages (or the best scores under --min-score); off: always print the reader's reply "
+                             "(default: the pipeline's abstain)")
+    parser.add_argument("--min-score", type=finite_number, default=None, metavar="X",
+                        help="no answer when the best passage's score is under X (with abstain auto; scores differ "
+                             "by strategy and corpus: calibrate it on your own questions; default: the pipeline's "
+                             "min_score; --set min_score=null removes one)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME.PARAM=VALUE",
                         help="extra override of a component parameter (repeatable)")
     parser.add_argument("--source", nargs="+", metavar="GLOB",
                         help="search only these files of an index of files (names as indexed, or globs such as "
                              "'reports/*.pdf')")
-    parser.add_argument("--json", action="store_true", help="print the answer and sources (file, page, excerpt) "
-                        "as JSON")
+    parser.add_argument("--json", action="store_true", help="print the answer, whether the documents answer it "
+                        "(answerable) and the sources (file, page, excerpt) as JSON")
     return parser
 
 
@@ -88,6 +110,15 @@ def _overrides(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]
         overrides["top_k"] = args.top_k
     if args.llm_url:
         overrides["llm_url"] = args.llm_url
+    for name, value in (("abstain", args.abstain), ("min_score", args.min_score)):
+        if value is None:
+            continue
+        if name not in declared:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} needs a pipeline that declares the short name {name!r} under "
+                              f"metadata.rag_mag.parameters (as pipelines/rag.yaml does); {args.pipeline} declares "
+                              f"{', '.join(sorted(declared)) or 'none'}; set it with --set COMPONENT.{name}=VALUE")
+        overrides[name] = value
     overrides.update(parse_overrides(args.overrides))
     return overrides
 
@@ -120,14 +151,24 @@ def _is_product(source: dict[str, Any]) -> bool:
     return abs(score - cosine * query_norm * document_norm) <= 1e-3 * max(1.0, abs(score))
 
 
+# Why the sources of an abstention hold no answer, by ``abstained_by`` (RagMagAnswerBuilder).
+ABSTAINED_BECAUSE = {"reader": "the reader found no answer in them",
+                     "score": "the best one scores under the pipeline's min_score"}
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """``rag_mag.serving.answers.answer_report`` as the text ``rag-mag ask`` prints (the answer marked [[so]])."""
+    """``rag_mag.serving.answers.answer_report`` as the text ``rag-mag ask`` prints (the answer marked [[so]]); for
+    no answer ("The documents do not say."), the sources are the closest ones, and the heading says so."""
     from rag_mag.serving.answers import citation
 
     lines = [f"Answer: {report['answer'] or '(empty)'}", ""]
     if report.get("queries") and len(report["queries"]) > 1:
         lines += ["Search rounds:"] + [f"  {i}. {q}" for i, q in enumerate(report["queries"], start=1)] + [""]
-    lines.append("Sources (score = cosine x query norm x document norm):")
+    if report.get("answerable", True):
+        lines.append("Sources (score = cosine x query norm x document norm):")
+    else:
+        why = ABSTAINED_BECAUSE.get(report.get("abstained_by"), "no answer in them")
+        lines.append(f"Closest sources ({why}; score = cosine x query norm x document norm):")
     for source in report["sources"]:
         hop = f" [round {source['hop']}]" if source.get("hop") else ""
         lines.append(f"  {source['rank']}. {citation(source)} ({source['id']}){hop}")

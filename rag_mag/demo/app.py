@@ -5,7 +5,8 @@ Routes:
   GET  /health                200 when the vLLM server (and PostgreSQL, for a table) answers, 503 (with the
                                reason) when not
   GET  /api/indexes           the indexes (strategies) served, and the request limits
-  POST /api/ask               {question, index?, top_k?} -> {answer, sources[...], latency_ms, index, strategy, ...}
+  POST /api/ask               {question, index?, top_k?} -> {answer, answerable, sources[...], latency_ms, index,
+                               strategy, ...}; answerable false: "The documents do not say." (and abstained_by)
   POST /api/ask/stream        the same as server-sent events: sources, token..., done (or error)
   GET  /v1/models             the indexes as OpenAI "models"
   POST /v1/chat/completions   OpenAI chat completions (model = index; stream: true for SSE chunks)

@@ -48,15 +48,22 @@ def components_of(pipeline, class_name: str) -> list[str]:
     return [name for name, instance in pipeline.walk() if type(instance).__name__ == class_name]
 
 
-def answer_generators(pipeline) -> tuple[str, ...]:
-    """The vLLM generators whose replies reach the component that builds the answers (these are streamed)."""
-    from rag_mag.serving.llm.preflight import iter_vllm_generators
+def answer_builder_name(pipeline) -> str:
+    """The component that builds the answers (``metadata.rag_mag.outputs.answers``)."""
     from rag_mag.serving.pipelines import pipeline_section
 
     target = str(pipeline_section(pipeline, "outputs").get("answers", "")).split(".")[0]
     if not target:
         raise ConfigError("the pipeline does not declare its answers (metadata.rag_mag.outputs.answers); the demo "
                           "needs it, e.g. answers: answer_builder.answers")
+    return target
+
+
+def answer_generators(pipeline) -> tuple[str, ...]:
+    """The vLLM generators whose replies reach the component that builds the answers (these are streamed)."""
+    from rag_mag.serving.llm.preflight import iter_vllm_generators
+
+    target = answer_builder_name(pipeline)
     senders = {sender for sender, _ in pipeline.graph.in_edges(target)}
     generators = tuple(name for name, _ in iter_vllm_generators(pipeline) if name in senders)
     if not generators:

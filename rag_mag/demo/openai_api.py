@@ -2,8 +2,9 @@
 
 ``model`` names an index; the last user message is the question (earlier turns are not used: each
 question is answered from the passages retrieved for it). Non-standard extras: ``top_k`` in the
-request, and a ``rag_mag`` object (sources with score parts, latency, strategy) in the response and in
-the last chunk of a stream; OpenAI clients ignore both.
+request, and a ``rag_mag`` object (sources with score parts, latency, strategy, ``answerable`` and, for no
+answer, ``abstained_by``) in the response and in the last chunk of a stream; OpenAI clients ignore both.
+When the documents do not answer, the message's content is "The documents do not say." (streamed the same).
 """
 
 from __future__ import annotations
@@ -58,9 +59,12 @@ def as_model_error(error: RequestError) -> RequestError:
 
 
 def _extras(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("index", "strategy", "top_k", "sources", "queries", "latency_ms", "first_token_ms", "retrieval_ms",
-            "queue_ms")
-    return {key: result.get(key) for key in keys}
+    keys = ("index", "strategy", "top_k", "answerable", "sources", "queries", "latency_ms", "first_token_ms",
+            "retrieval_ms", "queue_ms")
+    extras = {key: result.get(key) for key in keys}
+    if result.get("answerable") is False:
+        extras["abstained_by"] = result.get("abstained_by")
+    return extras
 
 
 def _usage(result: dict[str, Any]) -> dict[str, int] | None:

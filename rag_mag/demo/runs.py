@@ -3,6 +3,10 @@
 The pipeline runs in a task of its own (``Pipeline.run_async_generator``); the answer generator's async
 streaming callback and the partial outputs of the retrievers both feed one queue, which ``events`` reads.
 If the reader stops early (the browser went away), the task is cancelled, and with it the vLLM request.
+
+The answer builder decides only at the end whether the reply is an answer (``RagMagAnswerBuilder``), so the
+tokens pass through a ``ReplyGate``: text that may still become the reader's abstention ("unanswerable") is held
+back, and an abstention streams as "The documents do not say." (``ABSTENTION_TEXT``), the final answer's text.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rag_mag.demo.loading import LoadedIndex
+from rag_mag.components.answer_builder import ABSTENTION_TEXT, RagMagAnswerBuilder, may_be_no_answer
+from rag_mag.demo.loading import LoadedIndex, answer_builder_name
 from rag_mag.demo.messages import Event, RequestError
 from rag_mag.errors import ServerNotRunningError
 from rag_mag.serving.answers import answer_report, first_answer, source_reports
@@ -24,6 +29,42 @@ logger = logging.getLogger(__name__)
 
 def _milliseconds(since: float, until: float | None = None) -> float:
     return round(((until if until is not None else time.perf_counter()) - since) * 1000.0, 1)
+
+
+class ReplyGate:
+    """What of the reader's streamed reply may be shown yet. Text is held while it may still turn out to be the
+    reader's abstention (``may_be_no_answer``); once some is shown, the rest passes at once. ``hold_all``: hold the
+    whole reply to the end (a score floor may turn any reply into no answer)."""
+
+    def __init__(self, hold_all: bool = False) -> None:
+        self.hold_all = hold_all
+        self.held = ""
+        self.passing = False
+
+    def pass_on(self, text: str) -> str:
+        """The text to show now for a new piece of the reply: the held text with it, or nothing yet."""
+        if self.passing:
+            return text
+        self.held += text
+        if self.hold_all or may_be_no_answer(self.held):
+            return ""
+        self.passing, shown, self.held = True, self.held, ""
+        return shown
+
+    def rest(self, result: dict[str, Any]) -> str:
+        """The text still to show once the answer is known: the held text of an answer; for no answer,
+        ``ABSTENTION_TEXT``, unless part of the reply is already shown (it cannot be taken back; the final
+        answer then says it)."""
+        if result.get("answerable", True):
+            return self.held
+        return "" if self.passing else ABSTENTION_TEXT
+
+
+def holds_whole_reply(pipeline) -> bool:
+    """Whether the pipeline's answer builder may turn any reply into no answer (``abstain: auto`` with a
+    ``min_score`` floor), so that nothing of a reply may be shown before the end."""
+    builder = pipeline.get_component(answer_builder_name(pipeline))
+    return isinstance(builder, RagMagAnswerBuilder) and builder.abstain == "auto" and builder.min_score is not None
 
 
 class PipelineRun:
@@ -87,13 +128,16 @@ class PipelineRun:
             except Exception as error:  # handed to the reader, which raises it in the request's context
                 queue.put_nowait(("error", error))
 
+        gate = ReplyGate(hold_all=holds_whole_reply(pipeline))
         task = asyncio.create_task(drive())
         try:
             while True:
                 kind, data = await queue.get()
                 if kind == "token":
                     self.first_token_at = self.first_token_at or time.perf_counter()
-                    yield Event("token", data)
+                    shown = gate.pass_on(data)
+                    if shown:
+                        yield Event("token", shown)
                 elif kind == "sources":
                     self.retrieved_at = self.retrieved_at or time.perf_counter()
                     yield Event("sources", {"index": self.loaded.spec.name, "strategy": self.loaded.strategy,
@@ -105,7 +149,11 @@ class PipelineRun:
                         raise data
                     raise translated from data
                 else:
-                    yield Event("done", self.result(data))
+                    result = self.result(data)
+                    rest = gate.rest(result)
+                    if rest:
+                        yield Event("token", rest)
+                    yield Event("done", result)
                     return
         finally:
             if not task.done():

@@ -3,7 +3,8 @@
 A question runs through Haystack's ``Pipeline.run_async_generator``: synchronous components (embedder,
 retriever, prompt builder) run in the event loop's thread pool, and the generator that writes the answer
 talks to the vLLM server with its async client and a streaming callback, so tokens reach the page as vLLM
-produces them. The retrieved sources are sent as soon as the retriever is done, before the first token.
+produces them (except text that may still be the reader's abstention, held back: ``runs.ReplyGate``). The
+retrieved sources are sent as soon as the retriever is done, before the first token.
 At most ``max_concurrency`` questions run at once (so at most that many requests reach vLLM); up to
 ``max_waiting`` more wait for a slot, and beyond that the demo answers "busy" instead of piling up.
 """

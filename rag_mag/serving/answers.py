@@ -78,7 +78,16 @@ def citation(source: dict[str, Any]) -> str:
 
 
 def answer_report(question: str, answer: Any, queries: list[str] | None = None) -> dict[str, Any]:
-    """The answer (a ``GeneratedAnswer``) and its sources as plain data."""
-    text = (answer.data or "").strip()
-    return {"question": question, "answer": text, "queries": queries,
-            "sources": source_reports(answer.documents, text)}
+    """The answer (a ``GeneratedAnswer``) and its sources as plain data. ``answerable`` is False when the
+    answer builder found that the documents do not answer (``RagMagAnswerBuilder``): ``answer`` is then
+    ``ABSTENTION_TEXT`` and the sources are the closest ones, with no answer span."""
+    from rag_mag.components.answer_builder import ABSTENTION_TEXT
+
+    meta = answer.meta or {}
+    answerable = meta.get("answerable", True) is not False
+    text = (answer.data or "").strip() if answerable else ABSTENTION_TEXT
+    report = {"question": question, "answer": text, "answerable": answerable, "queries": queries,
+              "sources": source_reports(answer.documents, text if answerable else None)}
+    if not answerable:
+        report["abstained_by"] = meta.get("abstained_by")
+    return report

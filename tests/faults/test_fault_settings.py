@@ -1,4 +1,5 @@
-"""Changed settings on resume, and bad training/mining settings from files and flags: one clear error each."""
+"""Changed settings on resume, bad training/mining settings from files and flags, and bad abstention settings of
+`rag-mag ask` and `run`: one clear error each."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rag_mag.errors import CheckpointError
 from rag_mag.retriever.encoder import MagnitudeEncoder
 from rag_mag.retriever.training.config import TrainConfig
 from rag_mag.retriever.training.trainer import Trainer
+from rag_mag.serving.pipelines import PIPELINES_DIR
 from tests.faults.test_fault_checkpoints import SETTINGS
 from tests.tiny import capital_triples, tiny_encoder
 
@@ -139,12 +141,46 @@ def test_bad_config_file_values_are_one_clear_line(tmp_path, capsys, text, messa
     (["mine", "--pairs", "p", "--corpus", "c", "--out", "o", "--top-k", "-3"], "at least 1, got -3"),
     (["mine", "--pairs", "p", "--corpus", "c", "--out", "o", "--max-positives", "0"], "at least 1, got 0"),
     (["mine", "--pairs", "p", "--corpus", "c", "--out", "o", "--hard-negatives", "x"], "whole number, got 'x'"),
+    (["ask", "q", "--abstain", "bogus"], "argument --abstain: invalid choice: 'bogus'"),
+    (["ask", "q", "--min-score", "nan"], "argument --min-score: expected a finite number, got nan"),
+    (["ask", "q", "--min-score=-inf"], "argument --min-score: expected a finite number, got -inf"),
+    (["ask", "q", "--min-score", "high"], "argument --min-score: expected a number, got 'high'"),
 ])
 def test_bad_flags_are_refused_before_anything_runs(capsys, argv, message, fault_case):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error:" in line] == [err.strip().splitlines()[-1]]  # one line
+    fault_case.clear_error()
+
+
+# ------------------------------------------------------------------------------ abstention settings
+@pytest.mark.parametrize("override, message", [("abstain=bogus", "abstain must be one of auto, off, got 'bogus'"),
+                                               ("min_score=.nan", "min_score must be a finite number or null"),
+                                               ("answer_builder.min_score=high", "got 'high'")])
+def test_bad_abstention_settings_of_a_pipeline_are_one_line(capsys, override, message, fault_case):
+    code = main(["run", str(PIPELINES_DIR / "rag.yaml"), "--no-preflight", "--set", override, "--input",
+                 json.dumps({"question": "Who wrote Hamlet?"})])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "answer_builder" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    fault_case.clear_error()
+
+
+def test_abstention_flags_for_a_pipeline_without_them_are_one_line(tmp_path, capsys, fault_case):
+    import yaml
+
+    data = yaml.safe_load((PIPELINES_DIR / "rag.yaml").read_text())
+    for name in ("abstain", "min_score"):
+        del data["metadata"]["rag_mag"]["parameters"][name]
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(data))
+    for flags, named in ((["--abstain", "off"], "--abstain"), (["--min-score", "0.3"], "--min-score")):
+        code = main(["ask", "Who wrote Hamlet?", "--pipeline", str(tmp_path / "mine.yaml"), *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{named} needs a pipeline that declares the short name" in err, err
+        assert "mine.yaml" in err and "--set COMPONENT." in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     fault_case.clear_error()
 
 

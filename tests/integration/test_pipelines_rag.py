@@ -114,6 +114,25 @@ def test_ask_prints_the_answer_and_explained_sources(minilm_index, vllm_server, 
     assert all(source["cosine"] is not None and source["document_norm"] is not None for source in report["sources"])
 
 
+def test_ask_says_so_when_no_passage_reaches_the_score_floor(minilm_index, vllm_server, questions, capsys):
+    """A --min-score over every cosine makes any question one the documents do not answer, whatever the reader
+    replies; --abstain off gives the reader's reply back."""
+    record = questions[EASY_ID]
+    ask = ["ask", record.question, "--index", str(minilm_index["index"]), "--retriever",
+           str(minilm_index["retriever"]), "--llm-url", vllm_server, "--top-k", "2", "--min-score", "2"]
+    assert main(ask + ["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["answerable"] is False and report["abstained_by"] == "score"
+    assert report["answer"] == "The documents do not say." and len(report["sources"]) == 2
+    assert all(source["answer_span"] is None for source in report["sources"])
+    assert main(ask) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Answer: The documents do not say.\n") and "Closest sources (the best one scores" in text
+    assert main(ask + ["--abstain", "off", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["answerable"] is True and report["answer"] != "The documents do not say."
+
+
 def test_server_down_is_reported_quickly_and_clearly(minilm_index, questions):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -1,4 +1,5 @@
-"""The rag-mag Haystack components on their own: embedders, corpus reader, multi-hop state, follow-up query."""
+"""The rag-mag Haystack components on their own: embedders, corpus reader, multi-hop state, follow-up query,
+the answer builder that says when the documents do not answer."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rag_mag.components import (
     RagMagDocumentEmbedder,
     RagMagTextEmbedder,
 )
+from rag_mag.components.answer_builder import RagMagAnswerBuilder, may_be_no_answer
 from rag_mag.components.checkpoints import checkpoint_fingerprint, load_checkpoint
 from rag_mag.components.document_embedder import document_text
 from rag_mag.errors import CheckpointError, ConfigError, DataError
@@ -168,9 +170,85 @@ def test_followup_query_options():
     CorpusReader(path="c.jsonl", limit=5),
     HopAccumulator(max_hops=3, max_new_per_hop=1),
     FollowUpQuery(include_question=True, max_chars=50),
+    RagMagAnswerBuilder(abstain="off", min_score=0.25),
 ], ids=lambda c: type(c).__name__)
 def test_components_serialize_round_trip(component):
     data = component.to_dict()
     again = type(component).from_dict(data)
     assert again.to_dict() == data
     assert set(data["init_parameters"]) == {name for name in vars(component) if not name.startswith("_")}
+
+
+# ------------------------------------------------------------------------------------------ the answer builder
+def _built(builder: RagMagAnswerBuilder, reply: str, scores: tuple[float | None, ...] = (0.9, 0.4)):
+    documents = [Document(id=f"d{i}", content=f"passage {i}", score=score) for i, score in enumerate(scores)]
+    answers = builder.run(query="Who?", replies=[ChatMessage.from_assistant(reply)], documents=documents)["answers"]
+    assert len(answers) == 1
+    return answers[0]
+
+
+@pytest.mark.parametrize("reply", ["unanswerable", " Unanswerable.", "Answer: unanswerable", "UNANSWERABLE\nno", ""])
+def test_the_reader_abstaining_is_no_answer(reply):
+    answer = _built(RagMagAnswerBuilder(), reply)
+    assert answer.meta["answerable"] is False and answer.meta["abstained_by"] == "reader"
+    assert answer.data == "unanswerable" and answer.meta["reply"] == reply
+    assert [document.id for document in answer.documents] == ["d0", "d1"]  # the closest passages stay
+
+
+@pytest.mark.parametrize("reply", ["Paris", "unanswerable question", "the unanswerable riddle of Paris"])
+def test_a_reply_is_an_answer(reply):
+    answer = _built(RagMagAnswerBuilder(), reply)
+    assert answer.meta["answerable"] is True and "abstained_by" not in answer.meta
+    assert answer.data == reply and answer.meta["reply"] == reply and answer.query == "Who?"
+
+
+def test_a_score_floor_turns_a_reply_into_no_answer():
+    floor = RagMagAnswerBuilder(min_score=0.5)
+    assert _built(floor, "Paris", (0.9, 0.1)).meta["answerable"] is True  # the best passage counts
+    answer = _built(floor, "Paris", (0.3, 0.2))
+    assert answer.meta["answerable"] is False and answer.meta["abstained_by"] == "score"
+    assert answer.data == "unanswerable" and answer.meta["reply"] == "Paris"
+    assert _built(floor, "Paris", (None,)).meta["abstained_by"] == "score"  # no score: nothing to trust
+    assert _built(floor, "Paris", ()).meta["abstained_by"] == "score"  # no passage at all
+    assert _built(floor, "unanswerable", (0.9,)).meta["abstained_by"] == "reader"
+    assert _built(RagMagAnswerBuilder(min_score=-1), "Paris", (-0.5,)).meta["answerable"] is True
+
+
+@pytest.mark.parametrize("abstain", ["off", False])  # False: YAML's reading of a bare `off`
+def test_abstain_off_keeps_every_reply_as_the_answer(abstain):
+    builder = RagMagAnswerBuilder(abstain=abstain, min_score=0.5)
+    assert builder.abstain == "off"
+    for reply, scores in (("unanswerable", (0.9,)), ("Paris", (0.1,)), ("", (0.9,))):
+        answer = _built(builder, reply, scores)
+        assert answer.meta["answerable"] is True and answer.data == reply and "abstained_by" not in answer.meta
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"abstain": "bogus"}, "abstain must be one of auto, off, got 'bogus'"),
+    ({"abstain": True}, "abstain must be one of auto, off, got True"),
+    ({"min_score": float("nan")}, "min_score must be a finite number or null, got nan"),
+    ({"min_score": float("inf")}, "min_score must be a finite number or null, got inf"),
+    ({"min_score": "0.5"}, "min_score must be a finite number or null, got '0.5'"),
+    ({"min_score": True}, "min_score must be a finite number or null, got True"),
+])
+def test_answer_builder_settings_are_checked(values, message):
+    with pytest.raises(ValueError, match=message):
+        RagMagAnswerBuilder(**values)
+
+
+def test_answer_builder_round_trips_its_settings():
+    builder = RagMagAnswerBuilder(abstain=False, min_score=1)
+    data = builder.to_dict()
+    assert data["init_parameters"] == {"abstain": "off", "min_score": 1.0}
+    again = RagMagAnswerBuilder.from_dict(data)
+    assert (again.abstain, again.min_score) == ("off", 1.0)
+    assert RagMagAnswerBuilder.from_dict(RagMagAnswerBuilder().to_dict()).min_score is None
+
+
+@pytest.mark.parametrize("start, may", [
+    ("", True), ("  ", True), ("u", True), (" Unans", True), ("unanswerable", True), ("Unanswerable.", True),
+    ("Ans", True), ("Answer: unan", True), ("unanswerable\nbecause", True),
+    ("P", False), ("un til", False), ("unanswerable question", False), ("Paris\n", False), ("The documents", False),
+])
+def test_a_reply_may_be_no_answer_while_it_begins_like_one(start, may):
+    assert may_be_no_answer(start) is may

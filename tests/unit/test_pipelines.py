@@ -212,6 +212,39 @@ def test_rag_pipeline_answers_with_sources(built):
     assert "Question: capital of france" in prompt and "[1] " in prompt and "[3] " in prompt and "[4] " not in prompt
 
 
+@pytest.mark.parametrize("name", ["rag", "rag_multihop"])
+def test_an_abstaining_reader_gives_no_answer_with_the_closest_sources(built, name):
+    llms = {"llm": ScriptedChat("unanswerable")}
+    if name == "rag_multihop":
+        llms["followup_llm"] = ScriptedChat("river in london")
+    pipeline = _with_scripted_llms(built, name, {"top_k": 2}, **llms)
+    answer = named_outputs(pipeline, run_pipeline(pipeline, {"question": "capital of france"},
+                                                  preflight=False))["answers"][0]
+    assert answer.meta["answerable"] is False and answer.meta["abstained_by"] == "reader"
+    assert answer.data == "unanswerable" and len(answer.documents) >= 2
+    pipeline = _with_scripted_llms(built, "rag", {"top_k": 2, "abstain": "off"}, llm=ScriptedChat("unanswerable"))
+    answer = named_outputs(pipeline, run_pipeline(pipeline, {"question": "capital of france"},
+                                                  preflight=False))["answers"][0]
+    assert answer.meta["answerable"] is True and answer.data == "unanswerable"
+
+
+def test_abstain_and_min_score_are_set_by_their_short_names(tmp_path):
+    builder = load_pipeline(PIPELINES_DIR / "rag.yaml").get_component("answer_builder")
+    assert (builder.abstain, builder.min_score) == ("auto", None)
+    # `--set abstain=off`: YAML reads a bare off as false, which the builder takes for "off"
+    builder = load_pipeline(PIPELINES_DIR / "rag.yaml", ["abstain=off", "min_score=0.4"]).get_component(
+        "answer_builder")
+    assert (builder.abstain, builder.min_score) == ("off", 0.4)
+    written = tmp_path / "rag.yaml"  # and so does a pipeline file that says `abstain: off`
+    written.write_text((PIPELINES_DIR / "rag.yaml").read_text().replace("abstain: auto ", "abstain: off  "))
+    assert load_pipeline(written).get_component("answer_builder").abstain == "off"
+    for override, message in (("abstain=bogus", "abstain must be one of auto, off, got 'bogus'"),
+                              ("min_score=.nan", "min_score must be a finite number or null, got nan")):
+        with pytest.raises(ConfigError, match=message) as error:
+            load_pipeline(PIPELINES_DIR / "rag.yaml", [override])
+        assert "answer_builder" in str(error.value) and len(str(error.value).splitlines()) == 1
+
+
 @pytest.mark.parametrize("max_hops", [1, 2, 3])
 def test_multihop_loop_runs_the_configured_rounds(built, max_hops, monkeypatch):
     followup_llm = ScriptedChat("Query: river in london", "mountain war year")

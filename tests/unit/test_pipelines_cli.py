@@ -109,3 +109,73 @@ def test_report_format_shows_the_score_parts():
     text = format_report(answer_report("q", GeneratedAnswer(data="Rome", query="q", documents=[fused, keyword])))
     assert "score 0.030 (fused rank score); dense score 0.500 x 1.000 x 4.000" in text
     assert "score 0.020 (fused rank score); a keyword hit" in text
+
+
+def _abstention(by: str = "reader"):
+    from haystack import Document
+    from haystack.dataclasses import GeneratedAnswer
+
+    documents = [Document(id="p1", content="Paris is the capital of France, on the Seine.", score=0.31,
+                          meta={"title": "Paris", "cosine": 0.31, "query_norm": 1.0, "document_norm": 1.0}),
+                 Document(id="p2", content="Unanswerable riddles of Rome.", score=0.2, meta={"title": "Rome"})]
+    return GeneratedAnswer(data="unanswerable", query="q", documents=documents,
+                           meta={"answerable": False, "abstained_by": by, "reply": "unanswerable"})
+
+
+def test_an_abstention_is_reported_as_the_documents_do_not_say():
+    from rag_mag.components.answer_builder import ABSTENTION_TEXT
+
+    report = answer_report("Who painted the ceiling?", _abstention())
+    assert report["answerable"] is False and report["abstained_by"] == "reader"
+    assert report["answer"] == ABSTENTION_TEXT == "The documents do not say."
+    assert [source["id"] for source in report["sources"]] == ["p1", "p2"]  # the closest sources, still listed
+    assert all(source["answer_span"] is None for source in report["sources"])  # no answer marked in them
+    assert json.loads(json.dumps(report))["answerable"] is False  # what ask --json prints
+    text = format_report(report)
+    assert text.startswith("Answer: The documents do not say.\n")
+    assert "Closest sources (the reader found no answer in them; score = cosine x query norm x document norm):" in text
+    assert "\nSources (" not in text and "[[" not in text and "unanswerable" not in text.split("\n")[0]
+    floor = format_report(answer_report("q", _abstention("score")))
+    assert "Closest sources (the best one scores under the pipeline's min_score;" in floor
+
+
+def test_an_answer_is_reported_as_answerable():
+    from haystack.dataclasses import GeneratedAnswer
+
+    answered = _abstention()
+    answered = GeneratedAnswer(data="Paris", query="q", documents=answered.documents,
+                               meta={"answerable": True, "reply": "Paris"})
+    report = answer_report("q", answered)
+    assert report["answerable"] is True and report["answer"] == "Paris" and "abstained_by" not in report
+    assert report["sources"][0]["answer_span"] is not None
+    assert format_report(report).splitlines()[2].startswith("Sources (score")
+    # an answer from Haystack's own AnswerBuilder (no meta): answerable
+    plain = answer_report("q", GeneratedAnswer(data="Rome", query="q", documents=[], meta={}))
+    assert plain["answerable"] is True and plain["answer"] == "Rome"
+
+
+def test_ask_sets_abstain_and_min_score_where_the_pipeline_declares_them(setup, tmp_path, capsys, monkeypatch):
+    import yaml
+
+    import rag_mag.serving.pipelines as pipelines
+
+    seen = []  # the overrides `ask` gives load_pipeline, recorded where they are applied
+    real_apply = pipelines.apply_overrides
+    monkeypatch.setattr(pipelines, "apply_overrides", lambda data, overrides: seen.append(dict(overrides)) or
+                        real_apply(data, overrides))
+    args = ["ask", "capital of france", "--retriever", str(setup["checkpoint"]), "--llm-url", closed_port_url()]
+    assert main(args + ["--abstain", "off", "--min-score", "0.25"]) == 2
+    assert "no vLLM server" in capsys.readouterr().err  # the flags were accepted; the server is what is missing
+    assert seen[-1]["abstain"] == "off" and seen[-1]["min_score"] == 0.25
+    assert main(args) == 2 and "abstain" not in seen[-1] and "min_score" not in seen[-1]  # the pipeline's own
+    assert main(args + ["--abstain", "off", "--set", "abstain=auto"]) == 2
+    assert seen[-1]["abstain"] == "auto"  # --set comes last, as for --top-k
+    capsys.readouterr()
+    data = yaml.safe_load(Path(RAG).read_text())
+    del data["metadata"]["rag_mag"]["parameters"]["abstain"]
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(data))
+    calls = len(seen)
+    assert main(args + ["--pipeline", str(tmp_path / "plain.yaml"), "--abstain", "off"]) == 2
+    err = capsys.readouterr().err
+    assert "--abstain needs a pipeline that declares the short name 'abstain'" in err and "plain.yaml" in err
+    assert len(seen) == calls  # refused before the pipeline was built

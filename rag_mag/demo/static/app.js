@@ -4,6 +4,11 @@
 "use strict";
 
 const SIDE_BY_SIDE = "__side_by_side__";
+// Why there is no answer, by the result's abstained_by (rag_mag/components/answer_builder.py).
+const ABSTAINED_BECAUSE = {
+  reader: "The reader found no answer in the passages below.",
+  score: "No passage scored above this index's min_score.",
+};
 const page = { indexes: [], maxChars: 1000, maxTopK: 8, panels: [] };
 
 function byId(id) { return document.getElementById(id); }
@@ -131,8 +136,11 @@ function makePanel(name) {
   node.querySelector(".panel-name").textContent = name;
   node.querySelector(".panel-meta").textContent = `strategy ${info.strategy} · ${info.documents} passages`;
   const answer = node.querySelector(".answer-text");
+  const answerLabel = node.querySelector(".answer-label");
+  const why = node.querySelector(".abstention-why");
   const timing = node.querySelector(".timing");
   const errorBox = node.querySelector(".panel-error");
+  const sourcesLabel = node.querySelector(".sources-label");
   const list = node.querySelector(".sources");
 
   const panel = {
@@ -151,7 +159,15 @@ function makePanel(name) {
       renderAllSources();
     },
     finish(result) {
+      // answerable false: the documents do not answer; the answer is "The documents do not say.", a notice
+      // apart from an answer, and the sources are only the closest ones.
+      const abstained = result.answerable === false;
+      node.dataset.answerable = abstained ? "false" : "true";
       answer.textContent = result.answer || "(the model returned an empty answer)";
+      answerLabel.textContent = abstained ? "No answer" : "Answer";
+      why.textContent = abstained ? (ABSTAINED_BECAUSE[result.abstained_by] || "") : "";
+      why.hidden = !why.textContent;
+      sourcesLabel.textContent = abstained ? "Closest sources" : "Sources";
       const parts = [`total ${duration(result.latency_ms)}`];
       if (result.retrieval_ms != null) parts.push(`retrieval ${duration(result.retrieval_ms)}`);
       if (result.first_token_ms != null) parts.push(`first token ${duration(result.first_token_ms)}`);
@@ -178,6 +194,7 @@ function makePanel(name) {
       panel.setState("error");
     },
     renderSources(scale, others) {
+      sourcesLabel.hidden = !panel.sources.length;
       list.replaceChildren();
       for (const source of panel.sources) list.append(sourceItem(source, scale, others));
     },
