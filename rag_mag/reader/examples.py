@@ -24,9 +24,10 @@ The question writer (``task: question``) learns the reverse task from the same t
 target is that question with the answer found there (``question_target``). Two-passage questions (HotpotQA's) are
 left out: one passage does not answer them.
 With ``no_answer_share`` the reader also learns to abstain: a ``no_answer`` view shows passages that hold no
-alias of the answer, with the target ``NO_ANSWER_REPLY``. Its passages are, drawn per question, the retrieved
+alias of the answer, with the target ``NO_ANSWER_REPLY``. Its passages are, for each question, the retrieved
 top k when no answer occurs in it (what a retriever returns for a question its corpus cannot answer), the
-question's own distractors (on-topic, without the answer), or another question's gold passages; yes/no questions
+question's own distractors (on-topic, without the answer), or another question's gold passages, the first of these
+(hardest first) that the question has; yes/no questions
 are left out (a passage may imply the answer without naming it). That view is drawn until it is that share of
 the examples, in training and in validation alike.
 
@@ -51,6 +52,9 @@ from rag_mag.retriever.data.linked_positives import title_words
 logger = logging.getLogger(__name__)
 
 YES_NO = frozenset({"yes", "no"})
+# The no-answer view's passages, hardest first: what a retriever returns (on topic, without the answer), the
+# question's own distractors, then another question's passages (off topic, the easiest to refuse).
+NO_ANSWER_SOURCES = ("retrieved", "distractors", "other_question")
 
 
 @dataclass(frozen=True)
@@ -196,8 +200,8 @@ def _no_answer_views(questions: list[Question], unanswered: dict[int, list[Passa
                      max_passages: int, passage_chars: Sequence[int], rng: random.Random,
                      stats: ExampleStats) -> list[ReaderExample]:
     """Up to ``wanted`` examples whose passages hold no alias of the answer, each question at most once; the
-    passages drawn per question from its retrieved top k without the answer, its own distractors without the
-    answer, or another question's gold passages."""
+    passages of each are the first of ``NO_ANSWER_SOURCES`` that it has: its retrieved top k without the answer,
+    its own distractors without the answer, or another question's gold passages."""
     order = [n for n, q in enumerate(questions) if not any(normalize_answer(a) in YES_NO for a in q.answers)]
     rng.shuffle(order)
     examples: list[ReaderExample] = []
@@ -214,7 +218,7 @@ def _no_answer_views(questions: list[Question], unanswered: dict[int, list[Passa
                    if passages and not _holds_answer(question, passages)}
         if not choices:
             continue
-        source = rng.choice(sorted(choices))
+        source = next(name for name in NO_ANSWER_SOURCES if name in choices)
         shown = list(choices[source])
         rng.shuffle(shown)
         stats.no_answer_sources[source] = stats.no_answer_sources.get(source, 0) + 1

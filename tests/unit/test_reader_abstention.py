@@ -12,35 +12,39 @@ from rag_mag.reader.examples import ExampleStats, Question, build_examples
 from rag_mag.retriever.training.config import make_config
 
 
-def _questions(count: int) -> list[Question]:
+def _questions(count: int, clean_distractors: int = 4) -> list[Question]:
     questions = []
     for n in range(count):
         gold = [Passage(f"g{n}", f"City {n}", f"The treaty number {n} was signed in Town{n}.")]
         distractors = [Passage(f"d{n}-{i}", f"Other {n}-{i}", f"Unrelated fact {n}-{i} about rivers.")
-                       for i in range(4)]
+                       for i in range(clean_distractors)]
         distractors.append(Passage(f"d{n}-x", "Leak", f"It is said that Town{n} hosted it."))  # holds the answer
         questions.append(Question(f"q{n}", f"Where was treaty {n} signed?", (f"Town{n}",), gold, distractors,
                                   "hotpotqa_gold"))
     return questions
 
 
-def test_no_answer_examples_show_passages_without_the_answer_at_the_asked_share():
-    questions = _questions(40)
-    unanswered = [[Passage(f"r{n}", "Rivers", "Rivers flow to the sea.")] for n in range(40)]
+def test_no_answer_examples_show_passages_without_the_answer_hardest_first_at_the_asked_share():
+    # q0-q9: the retriever misses the answer; q10-q29: it finds it; q30-q39: no distractor is free of the answer
+    questions = _questions(30) + _questions(40, clean_distractors=0)[30:]
+    found = [[Passage(f"r{n}", "Rivers", "Rivers flow to the sea.")] if n < 10 else questions[n].gold
+             for n in range(40)]
     stats = ExampleStats()
     examples = build_examples(questions, max_passages=3, passage_counts=(1,), passage_chars=(700,), seed=0,
-                              retrieve=lambda queries, k: [row[:k] for row in unanswered], stats=stats,
-                              no_answer_share=0.25)
+                              retrieve=lambda queries, k: [row[:k] for row in found], stats=stats,
+                              no_answer_share=0.5)
     no_answer = [e for e in examples if e.view == "no_answer"]
     answered = [e for e in examples if e.view != "no_answer"]
-    assert len(no_answer) == round(len(answered) * 0.25 / 0.75) > 0
+    assert len(no_answer) == 40 <= len(answered)  # every question once, at most the share asked
     for example in no_answer:
         assert example.target == NO_ANSWER_REPLY and example.answers == (NO_ANSWER_REPLY,)
         town = example.question.split()[2]  # "Where was treaty N signed?" -> its answer is TownN
         assert not any(contains_answer(f"{title} {text}", [f"Town{town}"]) for title, text in example.passages)
-    # every kind of passage is drawn: retrieved without the answer, own distractors, another question's
-    assert set(stats.no_answer_sources) == {"retrieved", "distractors", "other_question"}
-    assert sum(stats.no_answer_sources.values()) == len(no_answer)
+    # the retrieved passages where they miss the answer, else the question's own distractors, else another's
+    assert stats.no_answer_sources == {"retrieved": 10, "distractors": 20, "other_question": 10}
+    few = build_examples(questions, max_passages=3, passage_counts=(1,), passage_chars=(700,), seed=0,
+                         retrieve=None, stats=ExampleStats(), no_answer_share=0.2)
+    assert sum(e.view == "no_answer" for e in few) == round(sum(e.view != "no_answer" for e in few) * 0.2 / 0.8)
 
 
 def test_no_share_means_no_no_answer_examples_and_yes_no_questions_never_get_one():
