@@ -47,14 +47,45 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _is_folders_config(path: str) -> bool:
+def _config_kind(path: str) -> str:
+    """``folders`` (a config with collections:), ``abstention`` (with abstention:) or ``wiki``."""
     import yaml
 
     try:
         data = yaml.safe_load(open(path, encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return False  # load_bench_config says what is wrong with it
-    return isinstance(data, dict) and "collections" in data
+        return "wiki"  # load_bench_config says what is wrong with it
+    if isinstance(data, dict) and "abstention" in data:
+        return "abstention"
+    return "folders" if isinstance(data, dict) and "collections" in data else "wiki"
+
+
+def run_abstention(args: argparse.Namespace) -> int:
+    from rag_mag.bench.abstention.runner import load_abstention_config
+    from rag_mag.bench.abstention.runner import run as run_benchmark
+    from rag_mag.bench.datasets import data_root
+    from rag_mag.errors import ConfigError
+
+    wrong = [flag for flag, value in (("--max-questions", args.max_questions), ("--split", args.split),
+                                      ("--answer-questions", args.answer_questions), ("--pipeline", args.pipeline),
+                                      ("--pg-url", args.pg_url), ("--only", args.only or None)) if value is not None]
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)}: not options of the abstention benchmark ({args.config})")
+    root = data_root(args.data_root)
+    config = load_abstention_config(args.config, root)
+    if args.output_dir or args.llm_url:
+        from dataclasses import replace
+
+        config = replace(config, output_dir=args.output_dir or config.output_dir, llm_url=args.llm_url or None)
+    writable.check_writable(config.out_dir(), f"the benchmark folder {config.out_dir()}")
+    with durable.job_lock(durable.lock_path(config.out_dir()), f"the benchmark folder {config.out_dir()}"):
+        try:
+            out = run_benchmark(config, root)
+        except KeyboardInterrupt:
+            raise stopping.interrupted(f"the answers generated so far are in {config.out_dir() / 'cache'}: run the "
+                                       "same command again to resume from them") from None
+    print(f"report: {out / 'report.md'}")
+    return 0
 
 
 def run_folders(args: argparse.Namespace) -> int:
@@ -92,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     from rag_mag.bench.config import load_bench_config
     from rag_mag.bench.runner import BenchRunner
 
-    if _is_folders_config(args.config):
+    kind = _config_kind(args.config)
+    if kind == "abstention":
+        return run_abstention(args)
+    if kind == "folders":
         return run_folders(args)
     if args.split:
         from rag_mag.errors import ConfigError

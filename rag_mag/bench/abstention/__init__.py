@@ -1,0 +1,1 @@
+"""The abstention benchmark: answers to questions the passages answer and to questions they do not."""
