@@ -43,8 +43,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="PostgreSQL table; for pipelines on pgvector (pipelines/rag_pgvector.yaml)")
     parser.add_argument("--pg-url", default=None, help="PostgreSQL URL for pgvector pipelines (default: "
                         "$RAG_MAG_PG_URL, else the server of `rag-mag db start`, started if none runs)")
-    parser.add_argument("--retriever", default=str(default_retriever_dir()),
-                        help="retriever checkpoint the index was built with")
+    parser.add_argument("--retriever", default=None,
+                        help="retriever checkpoint the index was built with (default: the one under artifacts/ "
+                             f"whose fingerprint the index or table records, else {default_retriever_dir()})")
     parser.add_argument("--pipeline", default=str(default_pipeline("rag")),
                         help="RAG pipeline YAML (e.g. pipelines/rag_multihop.yaml)")
     parser.add_argument("--top-k", type=int, default=None, help="passages retrieved (default: the pipeline's)")
@@ -80,12 +81,19 @@ def run(args: argparse.Namespace) -> int:
     if args.top_k is not None and args.top_k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {args.top_k}")
     data = read_pipeline_dict(args.pipeline)
-    overrides = _overrides(args, data)
     uses_postgres = bool(pgvector.pipeline_stores(data))
     with pgvector.using_server(args.pg_url) if uses_postgres else contextlib.nullcontext() as url:
-        if uses_postgres:
-            from rag_mag.components.checkpoints import checkpoint_fingerprint
+        from rag_mag.components.checkpoints import checkpoint_fingerprint
+        from rag_mag.models import default_retriever_dir
+        from rag_mag.serving.retrievers import own_retriever, retriever_for
 
+        if args.retriever is None and uses_postgres:
+            tag = pgvector.check_table(url, pgvector.check_table_name(args.table), None)
+            args.retriever = str(retriever_for(tag.get("checkpoint")) or default_retriever_dir())
+        elif args.retriever is None:
+            args.retriever = str(own_retriever(Path(args.index), default_retriever_dir()))
+        overrides = _overrides(args, data)
+        if uses_postgres:
             pgvector.check_table(url, args.table, checkpoint_fingerprint(args.retriever))
         report = _answer(args, question, overrides)
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))

@@ -23,7 +23,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     from rag_mag.ingestion.file_indexing import EXIT_SKIPPED
     from rag_mag.ingestion.files import supported_types
     from rag_mag.ingestion.indexing import DEFAULT_CHUNK_SIZE
-    from rag_mag.models import REPO_ROOT, default_retriever_dir
+    from rag_mag.models import REPO_ROOT, default_retriever_dir, files_retriever_dir
     from rag_mag.serving.pipelines import default_index_dir
 
     parser = subparsers.add_parser(
@@ -43,8 +43,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "in memory.",
         formatter_class=DefaultsHelpFormatter)
     _add_file_arguments(parser)
-    parser.add_argument("--retriever", default=str(default_retriever_dir()),
-                        help="retriever checkpoint folder (written by `rag-mag train`)")
+    parser.add_argument("--retriever", default=None,
+                        help="retriever checkpoint folder (written by `rag-mag train`). Default for PATHs: the one "
+                             "that built the index at --out, else the cosine retriever "
+                             f"({files_retriever_dir()}, measured best on real documents; trained on the bundled "
+                             "sample the first time, about 2 minutes); for a corpus: "
+                             f"{default_retriever_dir()} (qnorm)")
     parser.add_argument("--corpus", default=None,
                         help="corpus JSONL or JSONL.gz with {id, title, text}, encoded in full (default without "
                              f"PATHs: {REPO_ROOT / 'data' / 'sample' / 'corpus.jsonl'})")
@@ -135,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         return run_files(args)
     if args.corpus is None:
         args.corpus = str(REPO_ROOT / "data" / "sample" / "corpus.jsonl")
+    if args.retriever is None:
+        args.retriever = str(default_retriever(args))
     job = IndexJob(corpus=Path(args.corpus), retriever=Path(args.retriever), out=Path(args.out),
                    index_type=args.index_type, chunk_size=args.chunk_size, batch_size=args.batch_size,
                    precision=args.precision)
@@ -146,6 +152,24 @@ def run(args: argparse.Namespace) -> int:
                                 keep_work=args.keep_work)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def default_retriever(args: argparse.Namespace) -> Path:
+    """For files: the retriever that built the FAISS index at --out, else the files default (``FILES_STRATEGY``,
+    trained on the bundled sample once when it is missing); for a corpus: the default (qnorm) retriever."""
+    from rag_mag.models import FILES_STRATEGY, default_retriever_dir, files_retriever_dir
+    from rag_mag.serving.retrievers import own_retriever
+
+    if not args.paths:
+        return default_retriever_dir()
+    folder = files_retriever_dir()
+    if args.store == "faiss":
+        folder = own_retriever(Path(args.out), folder)
+    if not (folder / "rag_mag.json").is_file() and folder == files_retriever_dir():
+        from rag_mag.cli.quickstart import ensure_retriever
+
+        ensure_retriever(FILES_STRATEGY, folder)
+    return folder
 
 
 def _target(args: argparse.Namespace):
@@ -192,6 +216,11 @@ def run_files(args: argparse.Namespace) -> int:
     if args.index_type != "flat":
         overrides["index_type"] = args.index_type
     context, table = _target(args)
+    if args.retriever is None:  # after every check that needs no model: training one takes minutes
+        for path in args.paths:
+            if not Path(path).exists():
+                raise ConfigError(f"{path} does not exist; give files or folders to index")
+        args.retriever = str(default_retriever(args))
     with context as url:
         settings = {"include": args.include, "exclude": args.exclude, "overrides": overrides,
                     "max_file_mb": args.max_file_mb, "pipeline_path": args.pipeline, "table": table,

@@ -84,7 +84,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="PostgreSQL URL for pipelines on pgvector (default: $RAG_MAG_PG_URL, else the server "
                              "of `rag-mag db start`, started with the demo if none runs and stopped with it)")
     parser.add_argument("--retriever", default=None,
-                        help=f"retriever checkpoint the table was filled with, for pipelines on pgvector (default "
+                        help="retriever checkpoint the table was filled with, for pipelines on pgvector (default: the "
+                             "one under artifacts/ whose fingerprint the table's tag records, else "
                              f"{default_retriever_dir()}); the table's tag must name it")
     parser.add_argument("--llm-url", default=None,
                         help="vLLM server base URL (default: $RAG_MAG_VLLM_URL, else http://127.0.0.1:8000/v1)")
@@ -239,7 +240,13 @@ def run(args: argparse.Namespace) -> int:
 
             pg_url = stack.enter_context(pgvector.using_server(args.pg_url))
             table = pgvector.DEFAULT_TABLE if args.table is None else args.table
-            specs = [table_spec(table, args.retriever or default_retriever_dir(), pg_url)]
+            retriever = args.retriever
+            if retriever is None:  # the table's own retriever where it is under artifacts/
+                from rag_mag.serving.retrievers import retriever_for
+
+                tag = pgvector.check_table(pg_url, pgvector.check_table_name(table), None)
+                retriever = retriever_for(tag.get("checkpoint")) or default_retriever_dir()
+            specs = [table_spec(table, retriever, pg_url)]
         url = stack.enter_context(llm_server.running_server(
             args.llm_url, start=args.start_llm, not_running_hint="; or pass --start-llm to start it with the demo"))
         loaded = [(load_table if spec.table is not None else load_index)(spec, args.pipeline, url) for spec in specs]

@@ -213,8 +213,9 @@ def table_store(table: str, dim: int, search: str = "exact_nearest_neighbor", re
                                  **store_settings(table))
 
 
-def check_table(url: str, table: str, checkpoint: str) -> dict[str, Any]:
-    """The table's tag; ``CheckpointError`` when the table is missing or holds another retriever's vectors."""
+def check_table(url: str, table: str, checkpoint: str | None) -> dict[str, Any]:
+    """The table's tag; ``CheckpointError`` when the table is missing or holds another retriever's vectors (any
+    retriever's, with ``checkpoint`` None)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as connection:
@@ -224,7 +225,7 @@ def check_table(url: str, table: str, checkpoint: str) -> dict[str, Any]:
         raise CheckpointError(f"PostgreSQL at {postgres.redact(url)} has no table {table}; fill it with `rag-mag "
                               f"index FOLDER --store pgvector --table {table}` or `rag-mag export-index INDEX_DIR "
                               f"--pgvector {table}`")
-    if tag.get("checkpoint") and tag["checkpoint"] != checkpoint:
+    if checkpoint is not None and tag.get("checkpoint") and tag["checkpoint"] != checkpoint:
         raise CheckpointError(f"table {table} holds vectors of retriever checkpoint {tag['checkpoint']} (strategy "
                               f"{tag.get('strategy')}), but the pipeline's retriever is {checkpoint}; use the same "
                               "retriever, or re-index into the table with this one")
