@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,20 +30,33 @@ class FAISSEmbeddingRetriever:
 
     Connect `RagMagTextEmbedder.meta` to `query_meta`: the retriever then refuses a query embedded
     with another checkpoint than the one the index was built with.
+
+    With `merge_duplicates` (the default), chunks of files (Documents with a `file` in their meta) of the same
+    text (`duplicate_key`: lowercased, punctuation and spacing ignored) are one result: the best-scoring copy,
+    whose `meta["also_in"]` lists the other copies' `file`, `page` and `id`, so an answer from it cites every file
+    that says it. Real folders repeat whole
+    paragraphs: 16% of the chunks of twenty 10-Q filings repeat another filing's (legal text kept quarter after
+    quarter), 17% of a documentation set's repeat its own pages (eval/duplicate_chunks.py). Each copy stays in
+    the index, owned by its file, so that editing or deleting one file changes only its own chunks.
     """
 
-    def __init__(self, document_store: FAISSDocumentStore, top_k: int = 10, return_embedding: bool = False) -> None:
+    def __init__(self, document_store: FAISSDocumentStore, top_k: int = 10, return_embedding: bool = False,
+                 merge_duplicates: bool = True) -> None:
         """
         :param document_store: The FAISSDocumentStore to search.
         :param top_k: Number of Documents to return.
         :param return_embedding: Whether returned Documents carry their embedding.
+        :param merge_duplicates: Return each text once, citing its other copies in `meta["also_in"]`.
         """
         if not isinstance(document_store, FAISSDocumentStore):
             raise ValueError(f"document_store must be a FAISSDocumentStore, got {type(document_store).__name__}")
+        if not isinstance(merge_duplicates, bool):
+            raise ValueError(f"merge_duplicates must be true or false, got {merge_duplicates!r}")
         _check_top_k(top_k)
         self.document_store = document_store
         self.top_k = top_k
         self.return_embedding = return_embedding
+        self.merge_duplicates = merge_duplicates
 
     def warm_up(self) -> None:
         """Load the index (once); fails clearly when the configured index folder does not exist."""
@@ -53,7 +68,7 @@ class FAISSEmbeddingRetriever:
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, document_store=self.document_store.to_dict(), top_k=self.top_k,
-                               return_embedding=self.return_embedding)
+                               return_embedding=self.return_embedding, merge_duplicates=self.merge_duplicates)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FAISSEmbeddingRetriever:
@@ -101,10 +116,15 @@ class FAISSEmbeddingRetriever:
         query_norms = np.linalg.norm(queries, axis=1)  # (m,)
         query_raw_norm = (query_meta or {}).get("raw_norm")
         # documents and vectors from the state the ranking used (the demo may reload the index meanwhile)
-        return [[explain_score(document, embedding, score, float(query_norm), query_raw_norm,
-                               keep_embedding=self.return_embedding) for score, document, embedding in query_hits]
-                for query_norm, query_hits in zip(query_norms, self.document_store.hits(queries, top_k, filters),
-                                                  strict=True)]
+        fetch = top_k * DUPLICATES_OVERFETCH if self.merge_duplicates else top_k
+        results = []
+        for query_norm, query_hits in zip(query_norms, self.document_store.hits(queries, fetch, filters), strict=True):
+            if self.merge_duplicates:
+                query_hits = merged_duplicates(query_hits)
+            results.append([explain_score(document, embedding, score, float(query_norm), query_raw_norm,
+                                          keep_embedding=self.return_embedding)
+                            for score, document, embedding in query_hits[:top_k]])
+        return results
 
     def _check_checkpoint(self, query_meta: dict[str, Any]) -> None:
         indexed = self.document_store.manifest.get("checkpoint")
@@ -115,6 +135,37 @@ class FAISSEmbeddingRetriever:
                 f"{indexed} (strategy {self.document_store.manifest.get('strategy')}), but the query was embedded "
                 f"with checkpoint {queried} (strategy {query_meta.get('strategy')}); use the same retriever for "
                 "both, or re-index the corpus with this one")
+
+
+DUPLICATES_OVERFETCH = 4  # with merge_duplicates, hits searched per result asked (copies fill the rest)
+_NOT_WORD = re.compile(r"\W+")
+
+
+def duplicate_key(text: str | None) -> str:
+    """The form in which two Documents' texts are the same text: lowercased, runs of anything but letters and
+    digits one space."""
+    return _NOT_WORD.sub(" ", (text or "").lower()).strip()
+
+
+def merged_duplicates(hits: list[tuple[float, Document, Any]]) -> list[tuple[float, Document, Any]]:
+    """``hits`` (best first) with each file chunk's text once: its best copy, its other copies cited in
+    ``meta["also_in"]``. Passages of a corpus (no ``file`` in their meta) are never merged: a benchmark judges them
+    by id."""
+    best: dict[str, int] = {}
+    kept: list[tuple[float, Document, Any]] = []
+    copies: list[list[dict[str, Any]]] = []
+    for score, document, embedding in hits:
+        meta = document.meta or {}
+        key = duplicate_key(document.content) if meta.get("file") else ""  # a corpus passage is its own
+        if key and key in best:
+            copies[best[key]].append({"id": document.id, "file": meta.get("file"), "page": meta.get("page")})
+            continue
+        if key:
+            best[key] = len(kept)
+        kept.append((score, document, embedding))
+        copies.append([])
+    return [(score, replace(document, meta={**(document.meta or {}), "also_in": cited}) if cited else document,
+             embedding) for (score, document, embedding), cited in zip(kept, copies, strict=True)]
 
 
 def _check_top_k(top_k: Any) -> int:

@@ -26,13 +26,15 @@ import numpy as np
 LENGTH_BANDS = ((1, 5), (5, 15), (15, 40), (40, 80), (80, 10**9))
 
 
-def file_at_k(ranked_files: Sequence[str], gold_files: Iterable[str], k: int) -> float:
+def file_at_k(ranked_files: Sequence[str | Sequence[str]], gold_files: Iterable[str], k: int) -> float:
+    """1.0 if a gold file is cited by one of the first ``k`` results; a result cites one file, or several (a chunk
+    whose text several files hold, merged by the retriever)."""
     gold = set(gold_files)
     if not gold:
         raise ValueError("file_at_k needs at least one gold file (an unanswerable question has none)")
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    return float(any(name in gold for name in ranked_files[:k]))
+    return float(any(({cited} if isinstance(cited, str) else set(cited)) & gold for cited in ranked_files[:k]))
 
 
 def page_at_k(ranked: Sequence[tuple[str, int | None, int | None]], gold_files: Iterable[str],

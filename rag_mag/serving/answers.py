@@ -62,6 +62,7 @@ def source_reports(documents: list | None, answer: str | None = None) -> list[di
         sources.append({
             "rank": rank, "id": document.id, "title": meta.get("title", ""), "text": document.content,
             "file": meta.get("file"), "page": meta.get("page"), "heading": meta.get("heading"),
+            "also_in": [{"file": c.get("file"), "page": c.get("page")} for c in meta.get("also_in") or []],
             "excerpt": snippet, "answer_span": span,
             "score": document.score, "cosine": meta.get("cosine"), "query_norm": meta.get("query_norm"),
             "document_norm": meta.get("document_norm"), "query_raw_norm": meta.get("query_raw_norm"),
@@ -71,9 +72,15 @@ def source_reports(documents: list | None, answer: str | None = None) -> list[di
 
 
 def citation(source: dict[str, Any]) -> str:
-    """``notes/a.pdf, page 2`` for a file's chunk; the title (or id) for a corpus passage."""
+    """``notes/a.pdf, page 2`` for a file's chunk (``; also in b.pdf, page 5`` for each file that holds the same
+    text); the title (or id) for a corpus passage."""
     if not source.get("file"):
         return str(source.get("title") or source.get("id"))
+    cited = [_where(source)] + [_where(copy) for copy in source.get("also_in") or []]
+    return cited[0] + (f"; also in {', '.join(dict.fromkeys(cited[1:]))}" if len(cited) > 1 else "")
+
+
+def _where(source: dict[str, Any]) -> str:
     return f"{source['file']}, page {source['page']}" if source.get("page") else str(source["file"])
 
 

@@ -32,6 +32,9 @@ SPLITS = ("validation", "test")
 SYSTEM_KINDS = ("rag_mag", "haystack", "haystack_bm25")
 RANK_K = 10
 CELL_FORMAT = 2  # what a cell holds; a cell of another format is scored again
+# How rag-mag's systems rank, in their cells' keys: chunks of the same text are one result citing every file
+# (FAISSEmbeddingRetriever.merge_duplicates); their cells of before are ranked again, their indexes reused.
+RAG_MAG_RANKING = "merged-duplicates"
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def score_rankings(questions, rankings: list[list[str]], chunks: dict) -> dict[s
     for question, ranking in zip(questions, rankings, strict=True):
         if not question.answerable:
             continue
-        files = [chunks[chunk_id].file for chunk_id in ranking]
+        files = [(chunks[chunk_id].file, *chunks[chunk_id].copies) for chunk_id in ranking]
         per["file@1"].append(file_at_k(files, question.files, 1))
         per["file@5"].append(file_at_k(files, question.files, 5))
         ids["file"].append(question.id)
@@ -223,7 +226,9 @@ class FoldersRunner:
         from rag_mag.models import artifacts_dir
 
         system_key = spec.key()
-        key = hashlib.sha256(f"{CELL_FORMAT} {system_key} {digest} {self.config.split}".encode()).hexdigest()[:12]
+        ranking = RAG_MAG_RANKING if spec.kind == "rag_mag" else ""
+        key = hashlib.sha256(f"{CELL_FORMAT} {system_key} {digest} {self.config.split}{ranking}".encode()
+                             ).hexdigest()[:12]
         path = out / "cells" / f"{collection.name}__{spec.name}.json"
         cell = read_cell(path)
         if cell is None or cell.get("key") != key:

@@ -41,6 +41,7 @@ class Chunk:
     words: int
     raw_norm: float | None
     text: str
+    copies: tuple[str, ...] = ()  # the other files that hold the same text (cited with it when the retriever merges)
 
 
 def chunk_of(document) -> Chunk:
@@ -75,7 +76,18 @@ class RagMagSystem:
         self.pipeline, self.index_dir = None, out
 
     def chunks(self) -> list[Chunk]:
-        return [chunk_of(document) for document in self.store.filter_documents()]
+        """Every chunk, with the other files that hold its text: the retriever merges such copies into one result
+        that cites them all (``FAISSEmbeddingRetriever.merge_duplicates``)."""
+        from dataclasses import replace
+
+        from rag_mag.components.faiss_retriever import duplicate_key
+
+        chunks = [chunk_of(document) for document in self.store.filter_documents()]
+        files: dict[str, set[str]] = {}
+        for chunk in chunks:
+            files.setdefault(duplicate_key(chunk.text), set()).add(chunk.file)
+        return [replace(chunk, copies=tuple(sorted(files[duplicate_key(chunk.text)] - {chunk.file})))
+                for chunk in chunks]
 
     def rank(self, questions: list[str], top_k: int) -> list[list[str]]:
         from rag_mag.serving.pipelines import default_pipeline, load_pipeline, question_inputs
@@ -166,7 +178,18 @@ class HaystackStockSystem:
         return chunks
 
     def chunks(self) -> list[Chunk]:
-        return [chunk_of(document) for document in self.store.filter_documents()]
+        """Every chunk, with the other files that hold its text: the retriever merges such copies into one result
+        that cites them all (``FAISSEmbeddingRetriever.merge_duplicates``)."""
+        from dataclasses import replace
+
+        from rag_mag.components.faiss_retriever import duplicate_key
+
+        chunks = [chunk_of(document) for document in self.store.filter_documents()]
+        files: dict[str, set[str]] = {}
+        for chunk in chunks:
+            files.setdefault(duplicate_key(chunk.text), set()).add(chunk.file)
+        return [replace(chunk, copies=tuple(sorted(files[duplicate_key(chunk.text)] - {chunk.file})))
+                for chunk in chunks]
 
     def rank(self, questions: list[str], top_k: int) -> list[list[str]]:
         from haystack.components.retrievers.in_memory import InMemoryBM25Retriever, InMemoryEmbeddingRetriever

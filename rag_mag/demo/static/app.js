@@ -220,8 +220,11 @@ function sourceItem(source, normScale, others) {
   item.querySelector(".rank").textContent = String(source.rank);
   // Wikipedia titles of some datasets come wrapped in quotes: "History of the Quakers".
   // A file's chunk is cited by file and page; a corpus passage by its (Wikipedia) title, some wrapped in quotes.
+  // The same text in other files (merged by the retriever) is cited too: "a.pdf, page 2; also in b.pdf, page 5".
+  const where = (cited) => (cited.page ? `${cited.file}, page ${cited.page}` : cited.file);
+  const copies = [...new Set((source.also_in || []).map(where))];
   item.querySelector(".title").textContent = source.file
-    ? (source.page ? `${source.file}, page ${source.page}` : source.file)
+    ? where(source) + (copies.length ? `; also in ${copies.join(", ")}` : "")
     : (source.title || source.id).replace(/^"(.*)"$/, "$1");
   item.querySelector(".score").textContent = number(source.score);
   const cosine = typeof source.cosine === "number" ? source.cosine : 0;
