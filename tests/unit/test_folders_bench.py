@@ -134,7 +134,7 @@ def test_fact_recall_counts_the_numbers_and_names_of_a_long_reference():
     assert fact_recall("anything", "no facts here at all") is None
 
 
-def test_answers_are_scored_by_kind_and_unanswerable_questions_are_left_out():
+def test_answers_are_scored_by_kind_and_unanswerable_questions_by_abstention():
     def question(qid, answers, kind="short"):
         return RealQuestion(id=qid, collection="c", question="?", answers=tuple(answers), answer_type=kind,
                             files=("a.txt",) if answers else (), pages=None, answerable=bool(answers),
@@ -145,3 +145,7 @@ def test_answers_are_scored_by_kind_and_unanswerable_questions_are_left_out():
     scores = score_answers(questions, {"s": "The keeper is Oskar", "l": "1982", "u": "Samuel Johnson"})
     assert scores["em"] == [0.0] and scores["accuracy"] == [1.0] and 0 < scores["f1"][0] < 1
     assert scores["fact_recall"] == [0.5]  # 1982 said, Bremen not
+    assert scores["abstain"] == [0.0] and scores["false_abstain"] == [0.0, 0.0]  # it answered the unanswerable one
+    abstained = score_answers(questions, {"s": "unanswerable", "l": "1982", "u": "unanswerable"})
+    assert abstained["abstain"] == [1.0] and abstained["false_abstain"] == [1.0, 0.0]
+    assert abstained["em"] == [0.0] and abstained["accuracy"] == [0.0]  # an abstention scores 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_mag.metrics.answers import clean_answer, contains_answer, exact_match, f1
+from rag_mag.metrics.answers import clean_answer, contains_answer, exact_match, f1, is_no_answer
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +44,21 @@ def fact_recall(prediction: str, reference: str) -> float | None:
 
 
 def score_answers(questions, predictions: dict[str, str]) -> dict[str, list[float]]:
-    """Per-question values (0-1) of the answerable questions that have a prediction."""
-    per: dict[str, list[float]] = {"em": [], "f1": [], "accuracy": [], "fact_recall": []}
+    """Per-question values (0-1) of the questions that have a prediction: on answerable ones the answer's scores
+    (an abstention scores 0) and ``false_abstain``; on unanswerable ones ``abstain`` (the reader's
+    "unanswerable", which the answer builder gives as its answer)."""
+    per: dict[str, list[float]] = {"em": [], "f1": [], "accuracy": [], "fact_recall": [], "abstain": [],
+                                   "false_abstain": []}
     for question in questions:
-        if not question.answerable or question.id not in predictions:
+        if question.id not in predictions:
             continue
         answer = predictions[question.id]
+        if not question.answerable:
+            per["abstain"].append(float(is_no_answer(answer)))
+            continue
+        per["false_abstain"].append(float(is_no_answer(answer)))
+        if is_no_answer(answer):
+            answer = ""
         if question.answer_type == "short":
             per["em"].append(exact_match(answer, question.answers))
             per["f1"].append(f1(answer, question.answers))

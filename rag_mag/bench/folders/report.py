@@ -12,7 +12,7 @@ from rag_mag import durable
 from rag_mag.bench.stats import bootstrap_ci, compare_paired
 
 METRICS = ("file@1", "file@5", "page@1", "page@5")
-ANSWER_METRICS = ("em", "f1", "accuracy", "fact_recall")
+ANSWER_METRICS = ("em", "f1", "accuracy", "fact_recall", "abstain", "false_abstain")
 
 
 def summarize(cell: dict[str, Any], answers: bool = True) -> dict[str, Any]:
@@ -74,7 +74,9 @@ def write_report(config, collections: list[str], cells: dict, out: Path) -> None
              "file@k: an answerable question's file is among the first k chunks; page@k: its page too (PDFs whose "
              "questions name a page). EM, F1 and accuracy (a reference alias occurs in the answer): answerable "
              "questions with a short reference answer; fact recall: the share of a long reference answer's numbers "
-             "and names that the answer states; the reader answers from the system's first 3 chunks. hubness@5: "
+             "and names that the answer states; the reader answers from the system's first 3 chunks. Abstains: the "
+             "share of unanswerable questions the reader says the documents do not answer; false abstentions: of "
+             "answerable ones (an abstention scores 0 above). hubness@5: "
              "the share of questions whose top 5 holds one of the 1% of chunks retrieved most often; with few "
              "questions per file it counts the chunks that questions on one topic share, so the index's own figure "
              "is beside it (\"chunks asked\": 200 sampled chunks ask their first 30 words, as `rag-mag index` "
@@ -82,8 +84,8 @@ def write_report(config, collections: list[str], cells: dict, out: Path) -> None
     for collection in collections:
         results["collections"][collection] = {}
         lines += [f"## {collection}", "", "| system | file@1 | file@5 | page@1 | page@5 | EM | F1 | accuracy | "
-                  "fact recall | hubness@5 | hubness@5, chunks asked | chunks | median words | chunks < 25 words |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "fact recall | abstains (no answer) | false abstentions | hubness@5 | hubness@5, chunks asked | "
+                  "chunks | median words | chunks < 25 words |", "|" + "---|" * 16]
         answered = bool(config.reader) and (config.answer_collections is None
                                              or collection in config.answer_collections)
         for name in systems:

@@ -242,11 +242,14 @@ class FoldersRunner:
     def answer(self, cells: dict, questions_of: dict, out: Path) -> None:
         """The reader's answers of every cell that has none for this reader yet, on one vLLM server."""
         from rag_mag.bench.folders.answers import answer_cell, score_answers
+        from rag_mag.serving.llm.readers import reader_checksum
         from rag_mag.serving.llm.server import running_server
         from rag_mag.serving.pipelines import default_pipeline
 
         reader = durable.sha256_of(default_pipeline("reader"))
-        settings = f"{self.config.reader} {reader} {RAG_TOP_K} {MAX_TOKENS}"
+        weights = reader_checksum(self.config.reader)  # a retrained reader of the same name answers again
+        settings = f"{self.config.reader} {weights} {reader} {RAG_TOP_K} {MAX_TOKENS}"
+        cache = out / "cache" / f"answers-{hashlib.sha256(weights.encode()).hexdigest()[:12]}.jsonl"
         answering = self.config.answer_collections
         pending = {pair: cell for pair, cell in cells.items() if (answering is None or pair[0] in answering)
                    and cell.get("answers_key") != hashlib.sha256(f"{settings} {cell['key']}".encode()).hexdigest()}
@@ -255,8 +258,7 @@ class FoldersRunner:
         with running_server(self.config.llm_url, start=True, model=self.config.reader) as url:
             for (collection, system), cell in pending.items():
                 questions = questions_of[collection]
-                cell["predictions"] = answer_cell(cell, questions, url, self.config.reader,
-                                                  out / "cache" / "answers.jsonl")
+                cell["predictions"] = answer_cell(cell, questions, url, self.config.reader, cache)
                 cell["answer_scores"] = score_answers(questions, cell["predictions"])
                 cell["answers_key"] = hashlib.sha256(f"{settings} {cell['key']}".encode()).hexdigest()
                 durable.write_text(out / "cells" / f"{collection}__{system}.json", json.dumps(cell))
