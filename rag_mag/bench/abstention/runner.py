@@ -113,16 +113,6 @@ def build_items(config: AbstentionConfig, data_root: Path | None) -> list[Item]:
     return items
 
 
-def reader_identity(model: str) -> str:
-    """What a reader's answers depend on: the merged adapter's sha256 of a merged folder, else its checksum."""
-    from rag_mag.reader.merge import merged_adapter_sha
-    from rag_mag.serving.llm.readers import reader_checksum
-
-    folder = Path(model)
-    sha = merged_adapter_sha(folder) if folder.is_dir() else None
-    return f"adapter-sha256:{sha}" if sha else reader_checksum(model)
-
-
 def answer_items(items: list[Item], model: str, url: str, cache_path: Path) -> list[dict[str, Any]]:
     """The reader's reply to every item through pipelines/reader.yaml: ``{reply, answerable}``."""
     from haystack import Document
@@ -151,6 +141,7 @@ def answer_items(items: list[Item], model: str, url: str, cache_path: Path) -> l
 def run(config: AbstentionConfig, data_root: Path | None) -> Path:
     from rag_mag.bench.abstention.report import write_report
     from rag_mag.bench.abstention.scoring import SIGNALS, score_group
+    from rag_mag.serving.llm.readers import reader_checksum
     from rag_mag.serving.llm.server import running_server
 
     out = config.out_dir()
@@ -159,7 +150,7 @@ def run(config: AbstentionConfig, data_root: Path | None) -> Path:
                 sum(not i.held for i in items))
     results: dict[str, Any] = {"name": config.name, "readers": {}, "groups": []}
     for label, model in config.readers.items():
-        identity = reader_identity(model)
+        identity = reader_checksum(model)
         cache = out / "cache" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsonl"
         with running_server(config.llm_url, start=True, model=model) as url:
             replies = answer_items(items, model, url, cache)

@@ -54,6 +54,18 @@ def chunk_of(document) -> Chunk:
                  text=document.content or "")
 
 
+def with_copies(chunks: list[Chunk]) -> list[Chunk]:
+    """``chunks`` with, on each, the other files that hold the same text (``duplicate_key``)."""
+    from dataclasses import replace
+
+    from rag_mag.components.faiss_retriever import duplicate_key
+
+    files: dict[str, set[str]] = {}
+    for chunk in chunks:
+        files.setdefault(duplicate_key(chunk.text), set()).add(chunk.file)
+    return [replace(chunk, copies=tuple(sorted(files[duplicate_key(chunk.text)] - {chunk.file}))) for chunk in chunks]
+
+
 @dataclass
 class RagMagSystem:
     """rag-mag's files pipeline with ``retriever`` and ``overrides`` of index_files.yaml's parameters."""
@@ -78,16 +90,7 @@ class RagMagSystem:
     def chunks(self) -> list[Chunk]:
         """Every chunk, with the other files that hold its text: the retriever merges such copies into one result
         that cites them all (``FAISSEmbeddingRetriever.merge_duplicates``)."""
-        from dataclasses import replace
-
-        from rag_mag.components.faiss_retriever import duplicate_key
-
-        chunks = [chunk_of(document) for document in self.store.filter_documents()]
-        files: dict[str, set[str]] = {}
-        for chunk in chunks:
-            files.setdefault(duplicate_key(chunk.text), set()).add(chunk.file)
-        return [replace(chunk, copies=tuple(sorted(files[duplicate_key(chunk.text)] - {chunk.file})))
-                for chunk in chunks]
+        return with_copies([chunk_of(document) for document in self.store.filter_documents()])
 
     def rank(self, questions: list[str], top_k: int) -> list[list[str]]:
         from rag_mag.serving.pipelines import default_pipeline, load_pipeline, question_inputs
@@ -178,18 +181,7 @@ class HaystackStockSystem:
         return chunks
 
     def chunks(self) -> list[Chunk]:
-        """Every chunk, with the other files that hold its text: the retriever merges such copies into one result
-        that cites them all (``FAISSEmbeddingRetriever.merge_duplicates``)."""
-        from dataclasses import replace
-
-        from rag_mag.components.faiss_retriever import duplicate_key
-
-        chunks = [chunk_of(document) for document in self.store.filter_documents()]
-        files: dict[str, set[str]] = {}
-        for chunk in chunks:
-            files.setdefault(duplicate_key(chunk.text), set()).add(chunk.file)
-        return [replace(chunk, copies=tuple(sorted(files[duplicate_key(chunk.text)] - {chunk.file})))
-                for chunk in chunks]
+        return [chunk_of(document) for document in self.store.filter_documents()]
 
     def rank(self, questions: list[str], top_k: int) -> list[list[str]]:
         from haystack.components.retrievers.in_memory import InMemoryBM25Retriever, InMemoryEmbeddingRetriever

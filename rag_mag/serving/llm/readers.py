@@ -69,8 +69,9 @@ def served_name(model: str | None) -> str | None:
 
 
 def reader_checksum(model: str) -> str:
-    """What identifies a reader's weights: the merged adapter's sha256 for the trained reader, the GGUF file's
-    size for the packaged base (its conversion is deterministic), else the model name itself."""
+    """What identifies a reader's weights: the merged adapter's sha256 for the trained reader and for any folder
+    an adapter was merged into, the GGUF file's size for the packaged base (its conversion is deterministic), else
+    the model name itself."""
     from rag_mag.reader.merge import merged_adapter_sha, verify_adapter
 
     if model in (DEFAULT_SERVED_MODEL_NAME, WRITER_SERVED_MODEL_NAME):
@@ -79,4 +80,5 @@ def reader_checksum(model: str) -> str:
         return "adapter-sha256:" + (merged_adapter_sha(folder) or verify_adapter(adapter))
     if model == BASE_SERVED_MODEL_NAME:
         return f"gguf:{packaged_smollm2_gguf().name}:{packaged_smollm2_gguf().stat().st_size}"
-    return f"model:{model}"
+    merged = merged_adapter_sha(Path(model)) if Path(model).is_dir() else None  # an adapter merged into a folder
+    return f"adapter-sha256:{merged}" if merged else f"model:{model}"
