@@ -83,11 +83,15 @@ def test_bench_scores_a_folder_collection_and_reuses_its_cells(tmp_path, tiny_co
     config.write_text(f"name: docs\nsplit: validation\nreader: null\ncollections: [{tiny_collection}]\nsystems:\n"
                       f"  - {{name: qnorm, kind: rag_mag, retriever: {checkpoint}}}\n"
                       f"  - {{name: qnorm_all_chunks, kind: rag_mag, retriever: {checkpoint}, set: {{min_words: 0}}}}\n"
+                      f"  - {{name: qnorm_dense, kind: rag_mag, retriever: {checkpoint}, set: {{hybrid: false}}}}\n"
                       "  - {name: bm25, kind: haystack_bm25}\n")
     out = tmp_path / "report"
     assert main(["bench", str(config), "--output-dir", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())["collections"]["tiny"]
-    assert set(results) == {"qnorm", "qnorm_all_chunks", "bm25"}
+    assert set(results) == {"qnorm", "qnorm_all_chunks", "qnorm_dense", "bm25"}
+    # a system that differs only in how it ranks reads the index of the one that indexes the same way
+    indexes = sorted(path.name.split("-")[0] for path in (tmp_path / "artifacts" / "bench" / "folders").glob("*/*"))
+    assert indexes == ["bm25", "qnorm", "qnorm_all_chunks"]
     assert results["bm25"]["file@1"]["mean"] == 100.0  # every question names its file's words
     for summary in results.values():
         assert summary["file@5"]["n"] == 3 and summary["file@5"]["mean"] == 100.0  # 3 files: all in the top 5

@@ -187,6 +187,7 @@ def test_vllm_url_from_environment(built, monkeypatch):
 def test_question_inputs(built):
     pipeline = load_pipeline(PIPELINES_DIR / "rag.yaml", local_overrides(built, "rag"))
     assert question_inputs(pipeline, "  Who?  ") == {"text_embedder": {"text": "Who?"},
+                                                     "retriever": {"query": "Who?"},
                                                      "prompt_builder": {"question": "Who?"},
                                                      "answer_builder": {"query": "Who?"}}
     with pytest.raises(ConfigError, match="empty"):

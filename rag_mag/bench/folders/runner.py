@@ -22,6 +22,7 @@ import yaml
 
 from rag_mag import durable
 from rag_mag.bench.folders.answers import MAX_TOKENS, RAG_TOP_K
+from rag_mag.bench.folders.systems import RANK_PARAMETERS
 from rag_mag.errors import ConfigError
 from rag_mag.ingestion.hubness import sampled_hubness
 from rag_mag.metrics.files import file_at_k, hubness, norm_by_length, page_at_k
@@ -33,8 +34,9 @@ SYSTEM_KINDS = ("rag_mag", "haystack", "haystack_bm25")
 RANK_K = 10
 CELL_FORMAT = 2  # what a cell holds; a cell of another format is scored again
 # How rag-mag's systems rank, in their cells' keys: chunks of the same text are one result citing every file
-# (FAISSEmbeddingRetriever.merge_duplicates); their cells of before are ranked again, their indexes reused.
-RAG_MAG_RANKING = "merged-duplicates"
+# (FAISSEmbeddingRetriever.merge_duplicates), dense and keyword hits fused (its `hybrid`); their cells of before are
+# ranked again, their indexes reused.
+RAG_MAG_RANKING = "merged-duplicates hybrid"
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,22 @@ class SystemSpec:
         return path if path.is_absolute() else REPO_ROOT / path
 
     def key(self) -> str:
-        """What the system's cells depend on: its kind, settings and checkpoint, and the files pipeline's text
-        (both kinds read its converters)."""
+        """What the system's cells depend on: what its index depends on, and how it ranks."""
+        ranking = {key: value for key, value in self.overrides.items() if key in RANK_PARAMETERS}
+        if not ranking:
+            return self.index_key()
+        return hashlib.sha256(json.dumps([self.index_key(), ranking], sort_keys=True).encode()).hexdigest()[:12]
+
+    def index_key(self) -> str:
+        """What the system's index depends on: its kind, indexing settings and checkpoint, and the files
+        pipeline's text (both kinds read its converters). Systems that differ only in how they rank share it."""
         from rag_mag.components.checkpoints import checkpoint_fingerprint
         from rag_mag.serving.pipelines import default_pipeline
 
         checkpoint = checkpoint_fingerprint(self.retriever_path()) if self.retriever else None
         pipeline = durable.sha256_of(default_pipeline("index_files"))
-        return hashlib.sha256(json.dumps([self.kind, checkpoint, self.overrides, pipeline], sort_keys=True).encode()
+        indexing = {key: value for key, value in self.overrides.items() if key not in RANK_PARAMETERS}
+        return hashlib.sha256(json.dumps([self.kind, checkpoint, indexing, pipeline], sort_keys=True).encode()
                               ).hexdigest()[:12]
 
 
@@ -233,7 +243,9 @@ class FoldersRunner:
         cell = read_cell(path)
         if cell is None or cell.get("key") != key:
             logger.info("scoring %s on %s (%d questions)", spec.name, collection.name, len(questions))
-            index_dir = artifacts_dir() / "bench" / "folders" / collection.name / f"{spec.name}-{system_key}"
+            folders = artifacts_dir() / "bench" / "folders" / collection.name
+            index_key = spec.index_key()  # an index another system of the same indexing built is reused
+            index_dir = next(iter(sorted(folders.glob(f"*-{index_key}"))), folders / f"{spec.name}-{index_key}")
             cell = {**run_cell(spec, collection, questions, index_dir), "key": key}
             path.parent.mkdir(parents=True, exist_ok=True)
             durable.write_text(path, json.dumps(cell))

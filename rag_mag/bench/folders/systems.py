@@ -27,6 +27,8 @@ from rag_mag.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+# overrides of a rag-mag system that set how it ranks (pipelines/retrieve.yaml), not how it indexes
+RANK_PARAMETERS = ("hybrid",)
 STOCK_SPLIT_LENGTH = 100
 STOCK_SPLIT_OVERLAP = 20
 CONVERTERS = ("router", "text", "markdown", "html", "pdf", "docx", "joiner")
@@ -81,7 +83,8 @@ class RagMagSystem:
         from rag_mag.components.faiss_document_store import FAISSDocumentStore
         from rag_mag.ingestion.file_indexing import index_files
 
-        summary = index_files([str(folder)], out, self.retriever, overrides=dict(self.overrides), progress=True)
+        indexing = {key: value for key, value in self.overrides.items() if key not in RANK_PARAMETERS}
+        summary = index_files([str(folder)], out, self.retriever, overrides=indexing, progress=True)
         if summary.plan.skipped:
             logger.warning("%s: %d files skipped: %s", self.name, len(summary.plan.skipped), summary.plan.skipped[:3])
         self.store = FAISSDocumentStore(path=str(out))
@@ -96,8 +99,9 @@ class RagMagSystem:
         from rag_mag.serving.pipelines import default_pipeline, load_pipeline, question_inputs
 
         if self.pipeline is None or self.pipeline.get_component("retriever").top_k < top_k:
+            ranking = {key: value for key, value in self.overrides.items() if key in RANK_PARAMETERS}
             self.pipeline = load_pipeline(default_pipeline("retrieve"), {
-                "index": str(self.index_dir), "retriever": str(self.retriever), "top_k": top_k})
+                "index": str(self.index_dir), "retriever": str(self.retriever), "top_k": top_k, **ranking})
             self.pipeline.warm_up()
         rankings = []
         for question in questions:

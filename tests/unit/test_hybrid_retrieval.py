@@ -1,0 +1,91 @@
+"""An index of files is searched by meaning and by keywords, fused by reciprocal rank (issue 60); each result keeps
+its dense score; a corpus of passages stays dense unless asked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from haystack import Document
+
+from rag_mag.components.faiss_document_store import FAISSDocumentStore, keyword_text
+from rag_mag.components.faiss_retriever import RRF_K, FAISSEmbeddingRetriever
+from rag_mag.retriever.bm25 import TextBM25
+
+
+def _store(meta_key: str | None = "file") -> FAISSDocumentStore:
+    """Three chunks: the dense side prefers n1 and n2; only k1 holds the question's rare words."""
+    rows = [("n1", "General remarks about the product and its users.", [1.0, 0.0]),
+            ("n2", "More general remarks about the product.", [0.95, 0.1]),
+            ("k1", "The vacuum pump model VX-9 runs at 4200 rpm.", [0.3, 0.9])]
+    store = FAISSDocumentStore()
+    store.write_documents([Document(id=i, content=text, embedding=vector,
+                                    meta={meta_key: f"{i}.txt"} if meta_key else {}) for i, text, vector in rows])
+    return store
+
+
+QUESTION = "At what rpm does the vacuum pump VX-9 run?"
+
+
+def test_keyword_hits_find_the_rare_words_and_nothing_without_them():
+    hits = _store().keyword_hits([QUESTION, "the and of"], top_k=5)
+    assert [document.id for _, document, _ in hits[0]] == ["k1"]  # the others share no word but stop words
+    assert hits[1] == []  # a question of stop words only matches nothing
+
+
+def test_fusion_lifts_the_keyword_match_and_keeps_the_dense_score():
+    dense = FAISSEmbeddingRetriever(document_store=_store(), top_k=2, hybrid="off")
+    assert [d.id for d in dense.run(query_embedding=[1.0, 0.0], query=QUESTION)["documents"]] == ["n1", "n2"]
+    hybrid = FAISSEmbeddingRetriever(document_store=_store(), top_k=2)  # auto: these are chunks of files
+    documents = hybrid.run(query_embedding=[1.0, 0.0], query=QUESTION)["documents"]
+    # n1: dense rank 1 only, 1/61; k1: dense rank 3 and keyword rank 1, 1/63 + 1/61
+    assert [d.id for d in documents] == ["k1", "n1"]
+    assert documents[0].score == pytest.approx(0.3)  # the strategy's own score, not the fused one
+    assert documents[0].meta["keyword_rank"] == 1 and "keyword_rank" not in documents[1].meta
+    assert documents[0].meta["fused_score"] == pytest.approx(1 / (RRF_K + 3) + 1 / (RRF_K + 1))
+
+
+def test_without_the_question_text_the_ranking_is_dense():
+    retriever = FAISSEmbeddingRetriever(document_store=_store(), top_k=2)
+    assert [d.id for d in retriever.run(query_embedding=[1.0, 0.0])["documents"]] == ["n1", "n2"]
+
+
+def test_auto_leaves_a_corpus_of_passages_dense_and_on_fuses_it():
+    auto = FAISSEmbeddingRetriever(document_store=_store(meta_key=None), top_k=2)
+    assert [d.id for d in auto.run(query_embedding=[1.0, 0.0], query=QUESTION)["documents"]] == ["n1", "n2"]
+    on = FAISSEmbeddingRetriever(document_store=_store(meta_key=None), top_k=2, hybrid="on")
+    assert [d.id for d in on.run(query_embedding=[1.0, 0.0], query=QUESTION)["documents"]] == ["k1", "n1"]
+
+
+def test_filters_hold_for_the_keyword_half_too():
+    retriever = FAISSEmbeddingRetriever(document_store=_store(), top_k=2)
+    documents = retriever.run(query_embedding=[1.0, 0.0], query=QUESTION,
+                              filters={"field": "meta.file", "operator": "in", "value": ["n1.txt", "n2.txt"]})
+    assert [d.id for d in documents["documents"]] == ["n1", "n2"]
+
+
+def test_the_keyword_index_follows_writes_and_deletes():
+    store = _store()
+    assert [d.id for _, d, _ in store.keyword_hits([QUESTION], 5)[0]] == ["k1"]
+    store.write_documents([Document(id="k2", content="Pump VX-9 maintenance: oil every 500 hours.",
+                                    embedding=[0.0, 1.0], meta={"file": "k2.txt"})])
+    assert {d.id for _, d, _ in store.keyword_hits([QUESTION], 5)[0]} == {"k1", "k2"}
+    store.delete_documents(["k1"])
+    assert [d.id for _, d, _ in store.keyword_hits([QUESTION], 5)[0]] == ["k2"]
+
+
+def test_keyword_text_reads_the_title_and_heading_with_the_text():
+    document = Document(content="Runs at 4200 rpm.", meta={"title": "pump manual", "heading": "Speed", "file": "a"})
+    assert keyword_text(document) == "pump manual Speed Runs at 4200 rpm."
+    assert np.argmax(TextBM25([keyword_text(document), "other words"]).scores("manual speed")) == 0
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_hybrid_must_be_auto_on_or_off(value):
+    with pytest.raises(ValueError, match="hybrid must be one of auto, on, off"):
+        FAISSEmbeddingRetriever(document_store=FAISSDocumentStore(), hybrid=value)
+
+
+def test_yaml_booleans_read_as_on_and_off_and_the_setting_round_trips():
+    assert FAISSEmbeddingRetriever(document_store=FAISSDocumentStore(), hybrid=False).hybrid == "off"
+    retriever = FAISSEmbeddingRetriever(document_store=FAISSDocumentStore(), hybrid=True)
+    assert FAISSEmbeddingRetriever.from_dict(retriever.to_dict()).hybrid == "on"
