@@ -41,13 +41,14 @@ class FAISSEmbeddingRetriever:
 
     With `hybrid` (`auto`: for an index of files; `on`; `off`) and the question's text connected to `query`, the
     ranking fuses the dense hits with BM25 over the same Documents (their title, heading and text,
-    `FAISSDocumentStore.keyword_hits`) by reciprocal rank: each of the first `FUSION_CANDIDATES` of both lists
-    scores 1 / (`RRF_K` + rank). Fusion only orders: every result keeps the strategy's own `score` (computed for a
-    keyword-only hit from its stored vector), so the answer builder's `min_score` and the score's parts mean what
-    they mean without it; `meta["fused_score"]` and `meta["keyword_rank"]` (1-based, absent where BM25 did not find
-    it) say how it ranked. On the real documents' validation split fusion raised the cosine retriever's mean file@5
-    from 90.4 to 94.1 and the qnorm retriever's from 87.2 to 91.0 (eval/README.md, "Real documents"). `auto` leaves
-    a corpus of passages (no `file` in their meta, the Wikipedia benchmark) to dense search alone.
+    `FAISSDocumentStore.keyword_hits`) by reciprocal rank: each of the first `FUSION_CANDIDATES` of both lists (more
+    where `top_k` asks for more) scores 1 / (`RRF_K` + rank). Fusion only orders: every result keeps the strategy's
+    own `score` (computed for a keyword-only hit from its stored vector), so the answer builder's `min_score` and the
+    score's parts mean what they mean without it; `meta["fused_score"]` and `meta["keyword_rank"]` (1-based, absent
+    where BM25 did not find it) say how it ranked. On the real documents' validation split fusion raised the cosine
+    retriever's mean file@5 from 90.4 to 94.1 and the qnorm retriever's from 87.2 to 91.6 (eval/README.md, "Real
+    documents"). `auto` leaves a corpus of passages (no `file` in their meta, the Wikipedia benchmark) to dense
+    search alone.
     """
 
     def __init__(self, document_store: FAISSDocumentStore, top_k: int = 10, return_embedding: bool = False,
@@ -142,9 +143,11 @@ class FAISSEmbeddingRetriever:
         # documents and vectors from the state the ranking used (the demo may reload the index meanwhile)
         fetch = top_k * DUPLICATES_OVERFETCH if self.merge_duplicates else top_k
         hybrid = texts is not None and self.hybrid != "off"
-        hits = self.document_store.hits(queries, max(fetch, FUSION_CANDIDATES) if hybrid else fetch, filters)
         if hybrid:
-            hits = [self._fused(query, query_hits, text, filters) if self._fuses(query_hits) else query_hits
+            fetch = max(fetch, FUSION_CANDIDATES)  # each list's candidates for the fusion
+        hits = self.document_store.hits(queries, fetch, filters)
+        if hybrid:
+            hits = [self._fused(query, query_hits, text, filters, fetch) if self._fuses(query_hits) else query_hits
                     for query, query_hits, text in zip(queries, hits, texts, strict=True)]
         results = []
         for query_norm, query_hits in zip(query_norms, hits, strict=True):
@@ -160,13 +163,14 @@ class FAISSEmbeddingRetriever:
         return self.hybrid == "on" or any((document.meta or {}).get("file") for _, document, _ in dense_hits[:1])
 
     def _fused(self, query: np.ndarray, dense_hits: list[tuple[float, Document, Any]], text: str,
-               filters: dict[str, Any] | None) -> list[tuple[float, Document, Any]]:
-        """The dense and keyword hits of one query in reciprocal-rank order, each with its dense score."""
-        keyword_hits = self.document_store.keyword_hits([text], FUSION_CANDIDATES, filters)[0]
+               filters: dict[str, Any] | None, candidates: int) -> list[tuple[float, Document, Any]]:
+        """The dense and keyword hits of one query (``candidates`` of each) in reciprocal-rank order, each with its
+        dense score."""
+        keyword_hits = self.document_store.keyword_hits([text], candidates, filters)[0]
         fused: dict[str, float] = {}
         found: dict[str, tuple[Document, Any]] = {}
         keyword_rank: dict[str, int] = {}
-        for hits, ranks in ((dense_hits[:FUSION_CANDIDATES], None), (keyword_hits, keyword_rank)):
+        for hits, ranks in ((dense_hits, None), (keyword_hits, keyword_rank)):
             for rank, (_, document, embedding) in enumerate(hits):
                 fused[document.id] = fused.get(document.id, 0.0) + 1.0 / (RRF_K + rank + 1)
                 found.setdefault(document.id, (document, embedding))

@@ -75,7 +75,8 @@ def test_the_keyword_index_follows_writes_and_deletes():
 
 def test_keyword_text_reads_the_title_and_heading_with_the_text():
     document = Document(content="Runs at 4200 rpm.", meta={"title": "pump manual", "heading": "Speed", "file": "a"})
-    assert keyword_text(document) == "pump manual Speed Runs at 4200 rpm."
+    assert keyword_text(document) == "pump manual pump manual pump manual Speed Runs at 4200 rpm."  # weight 3
+    assert keyword_text(Document(content="Runs.")) == "Runs."
     assert np.argmax(TextBM25([keyword_text(document), "other words"]).scores("manual speed")) == 0
 
 
@@ -89,3 +90,15 @@ def test_yaml_booleans_read_as_on_and_off_and_the_setting_round_trips():
     assert FAISSEmbeddingRetriever(document_store=FAISSDocumentStore(), hybrid=False).hybrid == "off"
     retriever = FAISSEmbeddingRetriever(document_store=FAISSDocumentStore(), hybrid=True)
     assert FAISSEmbeddingRetriever.from_dict(retriever.to_dict()).hybrid == "on"
+
+
+def test_a_large_top_k_is_filled_from_both_lists():
+    store = FAISSDocumentStore()
+    rng = np.random.default_rng(0)
+    store.write_documents([Document(id=f"d{i}", content=f"passage {i} about pumps" if i % 2 else f"passage {i}",
+                                    embedding=rng.normal(size=4).tolist(), meta={"file": f"{i}.txt"})
+                           for i in range(300)])
+    documents = FAISSEmbeddingRetriever(document_store=store, top_k=120).run(query_embedding=[1.0, 0, 0, 0],
+                                                                              query="pumps")["documents"]
+    assert len(documents) == 120 and len({d.id for d in documents}) == 120
+    assert sum("keyword_rank" in d.meta for d in documents) > 50  # BM25 gave more than the default 50 candidates

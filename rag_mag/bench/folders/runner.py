@@ -23,6 +23,7 @@ import yaml
 from rag_mag import durable
 from rag_mag.bench.folders.answers import MAX_TOKENS, RAG_TOP_K
 from rag_mag.bench.folders.systems import RANK_PARAMETERS
+from rag_mag.components.faiss_document_store import KEYWORD_TITLE_WEIGHT
 from rag_mag.errors import ConfigError
 from rag_mag.ingestion.hubness import sampled_hubness
 from rag_mag.metrics.files import file_at_k, hubness, norm_by_length, page_at_k
@@ -36,7 +37,7 @@ CELL_FORMAT = 2  # what a cell holds; a cell of another format is scored again
 # How rag-mag's systems rank, in their cells' keys: chunks of the same text are one result citing every file
 # (FAISSEmbeddingRetriever.merge_duplicates), dense and keyword hits fused (its `hybrid`); their cells of before are
 # ranked again, their indexes reused.
-RAG_MAG_RANKING = "merged-duplicates hybrid"
+RAG_MAG_RANKING = f"merged-duplicates hybrid title-x{KEYWORD_TITLE_WEIGHT}"
 
 
 @dataclass(frozen=True)
