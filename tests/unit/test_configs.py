@@ -56,6 +56,7 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], type]] = {
     "abstention.yaml": (lambda path: load_abstention_config(path, SPEC_ROOT), AbstentionConfig),
     "realdocs.yaml": (load_folders_config, FoldersConfig),
     "realdocs-training.yaml": (load_folders_config, FoldersConfig),
+    "realdocs-strategies.yaml": (load_folders_config, FoldersConfig),
 }
 
 
