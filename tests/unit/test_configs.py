@@ -57,6 +57,7 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], type]] = {
     "realdocs.yaml": (load_folders_config, FoldersConfig),
     "realdocs-training.yaml": (load_folders_config, FoldersConfig),
     "realdocs-strategies.yaml": (load_folders_config, FoldersConfig),
+    "realdocs-long.yaml": (load_folders_config, FoldersConfig),
 }
 
 
