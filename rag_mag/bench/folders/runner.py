@@ -22,7 +22,7 @@ import yaml
 
 from rag_mag import durable
 from rag_mag.bench.folders.answers import MAX_TOKENS, RAG_TOP_K
-from rag_mag.bench.folders.systems import RANK_PARAMETERS
+from rag_mag.bench.folders.systems import split_overrides
 from rag_mag.components.faiss_document_store import KEYWORD_TITLE_WEIGHT
 from rag_mag.errors import ConfigError
 from rag_mag.ingestion.hubness import sampled_hubness
@@ -56,7 +56,7 @@ class SystemSpec:
 
     def key(self) -> str:
         """What the system's cells depend on: what its index depends on, and how it ranks."""
-        ranking = {key: value for key, value in self.overrides.items() if key in RANK_PARAMETERS}
+        _, ranking = split_overrides(self.overrides)
         if not ranking:
             return self.index_key()
         return hashlib.sha256(json.dumps([self.index_key(), ranking], sort_keys=True).encode()).hexdigest()[:12]
@@ -69,7 +69,7 @@ class SystemSpec:
 
         checkpoint = checkpoint_fingerprint(self.retriever_path()) if self.retriever else None
         pipeline = durable.sha256_of(default_pipeline("index_files"))
-        indexing = {key: value for key, value in self.overrides.items() if key not in RANK_PARAMETERS}
+        indexing, _ = split_overrides(self.overrides)
         return hashlib.sha256(json.dumps([self.kind, checkpoint, indexing, pipeline], sort_keys=True).encode()
                               ).hexdigest()[:12]
 

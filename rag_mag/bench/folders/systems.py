@@ -29,6 +29,14 @@ logger = logging.getLogger(__name__)
 
 # overrides of a rag-mag system that set how it ranks (pipelines/retrieve.yaml), not how it indexes
 RANK_PARAMETERS = ("hybrid",)
+
+
+def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A rag-mag system's overrides as (how it indexes: index_files.yaml's, how it ranks: ``RANK_PARAMETERS``)."""
+    ranking = {key: value for key, value in overrides.items() if key in RANK_PARAMETERS}
+    return {key: value for key, value in overrides.items() if key not in ranking}, ranking
+
+
 STOCK_SPLIT_LENGTH = 100
 STOCK_SPLIT_OVERLAP = 20
 CONVERTERS = ("router", "text", "markdown", "html", "pdf", "docx", "joiner")
@@ -83,7 +91,7 @@ class RagMagSystem:
         from rag_mag.components.faiss_document_store import FAISSDocumentStore
         from rag_mag.ingestion.file_indexing import index_files
 
-        indexing = {key: value for key, value in self.overrides.items() if key not in RANK_PARAMETERS}
+        indexing, _ = split_overrides(self.overrides)
         summary = index_files([str(folder)], out, self.retriever, overrides=indexing, progress=True)
         if summary.plan.skipped:
             logger.warning("%s: %d files skipped: %s", self.name, len(summary.plan.skipped), summary.plan.skipped[:3])
@@ -99,7 +107,7 @@ class RagMagSystem:
         from rag_mag.serving.pipelines import default_pipeline, load_pipeline, question_inputs
 
         if self.pipeline is None or self.pipeline.get_component("retriever").top_k < top_k:
-            ranking = {key: value for key, value in self.overrides.items() if key in RANK_PARAMETERS}
+            _, ranking = split_overrides(self.overrides)
             self.pipeline = load_pipeline(default_pipeline("retrieve"), {
                 "index": str(self.index_dir), "retriever": str(self.retriever), "top_k": top_k, **ranking})
             self.pipeline.warm_up()
