@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from haystack import Document
 
-from rag_mag.components.faiss_document_store import FAISSDocumentStore, keyword_text
+from rag_mag.components.faiss_document_store import FAISSDocumentStore, file_keyword_texts, keyword_text
 from rag_mag.components.faiss_retriever import RRF_K, FAISSEmbeddingRetriever
 from rag_mag.retriever.bm25 import TextBM25
 
@@ -41,7 +41,9 @@ def test_fusion_lifts_the_keyword_match_and_keeps_the_dense_score():
     assert [d.id for d in documents] == ["k1", "n1"]
     assert documents[0].score == pytest.approx(0.3)  # the strategy's own score, not the fused one
     assert documents[0].meta["keyword_rank"] == 1 and "keyword_rank" not in documents[1].meta
-    assert documents[0].meta["fused_score"] == pytest.approx(1 / (RRF_K + 3) + 1 / (RRF_K + 1))
+    # and k1.txt is the only file BM25 finds, so k1 is also first in the files' list
+    assert documents[0].meta["file_rank"] == 1 and "file_rank" not in documents[1].meta
+    assert documents[0].meta["fused_score"] == pytest.approx(1 / (RRF_K + 3) + 1 / (RRF_K + 1) + 1 / (RRF_K + 1))
 
 
 def test_without_the_question_text_the_ranking_is_dense():
@@ -102,3 +104,55 @@ def test_a_large_top_k_is_filled_from_both_lists():
                                                                               query="pumps")["documents"]
     assert len(documents) == 120 and len({d.id for d in documents}) == 120
     assert sum("keyword_rank" in d.meta for d in documents) > 50  # BM25 gave more than the default 50 candidates
+
+
+def _filings() -> FAISSDocumentStore:
+    """Two filings whose names do not say whose they are; each says so once, on its cover, and then speaks of "the
+    Company". The dense side prefers m1; keyword search finds a2 and m1 alike (a2 first, by row)."""
+    rows = [("a1", "a.pdf", "Apple Inc. quarterly report, cover page.", [0.0, 1.0]),
+            ("a2", "a.pdf", "The Company's operating expenses rose by 10 percent.", [0.8, 0.2]),
+            ("m1", "m.pdf", "The Company's operating expenses rose by 12 percent.", [1.0, 0.0]),
+            ("m2", "m.pdf", "Microsoft Corporation quarterly report, cover page.", [0.1, 1.0])]
+    store = FAISSDocumentStore()
+    store.write_documents([Document(id=i, content=text, embedding=vector,
+                                    meta={"file": file, "title": f"2023 Q3 {file[0].upper()}"})
+                           for i, file, text, vector in rows])
+    return store
+
+
+APPLE = "What were Apple's operating expenses?"
+
+
+def test_the_file_a_question_is_about_lifts_its_chunks():
+    store = _filings()
+    assert store.file_keyword_scores(APPLE).keys() == {"a.pdf", "m.pdf"}  # both speak of operating expenses
+    assert store.file_keyword_scores(APPLE)["a.pdf"] > store.file_keyword_scores(APPLE)["m.pdf"]  # Apple: a.pdf
+    documents = FAISSEmbeddingRetriever(document_store=store, top_k=4).run(query_embedding=[1.0, 0.0],
+                                                                            query=APPLE)["documents"]
+    # dense and keyword alone tie a2 with m1 (ranks 2 + 1 and 1 + 2) and keep dense order, m1 first; the files'
+    # list puts a.pdf first, so a2 leads
+    assert [d.id for d in documents[:2]] == ["a2", "m1"]
+    assert documents[0].meta["fused_score"] - 1 / (RRF_K + 1) == pytest.approx(
+        documents[1].meta["fused_score"] - 1 / (RRF_K + 2))
+    assert documents[0].score == pytest.approx(0.8)  # still the strategy's own score
+    # every chunk of a file has its file's rank
+    assert {d.id: d.meta["file_rank"] for d in documents} == {"a1": 1, "a2": 1, "m1": 2, "m2": 2}
+
+
+def test_the_files_list_ranks_only_the_files_that_filters_let_through():
+    documents = FAISSEmbeddingRetriever(document_store=_filings(), top_k=4).run(
+        query_embedding=[1.0, 0.0], query=APPLE,
+        filters={"field": "meta.file", "operator": "==", "value": "m.pdf"})["documents"]
+    assert [d.id for d in documents] == ["m1", "m2"] and documents[0].meta["file_rank"] == 1
+
+
+def test_file_keyword_texts_and_scores_follow_the_files():
+    store = _filings()
+    texts = file_keyword_texts(store.filter_documents() + [Document(content="a passage of no file")])
+    assert list(texts) == ["a.pdf", "m.pdf"]  # a Document without a file is no file
+    assert texts["a.pdf"].startswith("2023 Q3 A 2023 Q3 A 2023 Q3 A ")  # the title, weighted as in keyword_text
+    assert "Apple Inc." in texts["a.pdf"] and "operating expenses" in texts["a.pdf"]
+    store.delete_documents(["a1"])  # a.pdf no longer says whose it is
+    scores = store.file_keyword_scores(APPLE)
+    assert scores["a.pdf"] == pytest.approx(scores["m.pdf"], rel=0.2)
+    assert FAISSDocumentStore().file_keyword_scores(APPLE) == {}

@@ -35,9 +35,9 @@ SYSTEM_KINDS = ("rag_mag", "haystack", "haystack_bm25")
 RANK_K = 10
 CELL_FORMAT = 2  # what a cell holds; a cell of another format is scored again
 # How rag-mag's systems rank, in their cells' keys: chunks of the same text are one result citing every file
-# (FAISSEmbeddingRetriever.merge_duplicates), dense and keyword hits fused (its `hybrid`); their cells of before are
-# ranked again, their indexes reused.
-RAG_MAG_RANKING = f"merged-duplicates hybrid title-x{KEYWORD_TITLE_WEIGHT}"
+# (FAISSEmbeddingRetriever.merge_duplicates), dense hits, keyword hits and files fused (its `hybrid`); their cells of
+# before are ranked again, their indexes reused.
+RAG_MAG_RANKING = f"merged-duplicates hybrid title-x{KEYWORD_TITLE_WEIGHT} file-list-all"
 
 
 @dataclass(frozen=True)
