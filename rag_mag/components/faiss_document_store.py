@@ -37,43 +37,10 @@ from haystack.utils.filters import document_matches_filter
 
 from rag_mag.components import faiss_index
 from rag_mag.components.document_embedder import CHECKPOINT_KEY, STRATEGY_KEY
+from rag_mag.components.keyword_index import KeywordIndex
 from rag_mag.errors import CheckpointError, DataError
 
 logger = logging.getLogger(__name__)
-
-
-# How many times keyword search reads a Document's title (a file's name) for once its text: a name is a field that
-# few words say much in ("2023 Q2 AMZN.pdf"), as BM25F weights a title. Chosen on the real documents' validation
-# split: with the cosine retriever, mean file@5 94.1 / 94.4 / 95.4 / 96.0 at weights 1 / 2 / 3 / 5, all of it on the
-# 10-Q filings; 5 cost the web pages' file@1 (eval/README.md, "Real documents").
-KEYWORD_TITLE_WEIGHT = 3
-
-
-def keyword_text(document: Document) -> str:
-    """What keyword search reads of a Document: its title (a file's name) ``KEYWORD_TITLE_WEIGHT`` times, its
-    section heading and its text."""
-    meta = document.meta or {}
-    title = meta.get("title")
-    parts = [str(title)] * KEYWORD_TITLE_WEIGHT if title else []
-    return " ".join(parts + [str(part) for part in (meta.get("heading"), document.content) if part])
-
-
-def file_keyword_texts(documents: list[Document]) -> dict[str, str]:
-    """What keyword search reads of each file (the Documents with a ``file`` in their meta): its title
-    ``KEYWORD_TITLE_WEIGHT`` times, then every chunk's heading and text, in row order. A file is ranked as a whole
-    because what it is about is often said once in it ("Apple Inc." on a filing's cover, "the Company" after)."""
-    titles: dict[str, str] = {}
-    parts: dict[str, list[str]] = {}
-    for document in documents:
-        meta = document.meta or {}
-        file = meta.get("file")
-        if not file:
-            continue
-        if file not in parts:
-            titles[file], parts[file] = str(meta.get("title") or ""), []
-        parts[file].extend(str(part) for part in (meta.get("heading"), document.content) if part)
-    return {file: " ".join(([titles[file]] * KEYWORD_TITLE_WEIGHT if titles[file] else []) + parts[file])
-            for file in parts}
 
 
 def document_record(document: Document) -> dict[str, Any]:
@@ -136,8 +103,7 @@ class FAISSDocumentStore:
         self._deferring = False
         self._unsaved = False
         self._state = 0  # counts the changes of _documents: the keyword index is built again after one
-        self._keyword: tuple[int, Any] | None = None  # (state, TextBM25) of keyword_hits
-        self._file_keyword: tuple[int, list[str], Any] | None = None  # (state, files, TextBM25) of file_keyword_scores
+        self._keyword: tuple[int, KeywordIndex] | None = None  # (state, its keyword indexes)
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, path=self.path, index_type=self.index_type, recreate=self.recreate,
@@ -319,21 +285,16 @@ class FAISSDocumentStore:
         query with a positive score, as ``(bm25 score, Document, vector)``, best first. The keyword index is built
         on first use after a change of the documents (about a second for 6,000 chunks); ``filters`` as in
         ``search``."""
-        from rag_mag.retriever.bm25 import TextBM25
-
         with self._load_lock:
-            self._ensure_loaded()
-            documents, embeddings, state = self._documents, self._embeddings, self._state
-            if self._keyword is None or self._keyword[0] != state:
-                self._keyword = (state, TextBM25([keyword_text(document) for document in documents]))
-            keyword = self._keyword[1]
+            keyword = self._keyword_index()
+            documents, embeddings, chunks = keyword.documents, self._embeddings, keyword.chunks()
         rows = np.arange(len(documents))
         if filters:
             rows = np.asarray([row for row, document in enumerate(documents)
                                if document_matches_filter(filters, document)], dtype=np.int64)
         results = []
         for query in queries:
-            scores = keyword.scores(query)[rows]  # (matching,)
+            scores = chunks.scores(query)[rows]  # (matching,)
             best = np.argsort(-scores, kind="stable")[:top_k]
             results.append([(float(scores[i]), documents[rows[i]], embeddings[rows[i]]) for i in best if scores[i] > 0])
         return results
@@ -342,17 +303,16 @@ class FAISSDocumentStore:
         """BM25 of each file as a whole (``file_keyword_texts``) for ``query``: ``{file: score}`` of the files
         that score above zero; empty for an index without files. Built with the same rule as ``keyword_hits``: on
         first use after a change of the documents."""
-        from rag_mag.retriever.bm25 import TextBM25
-
         with self._load_lock:
-            self._ensure_loaded()
-            state = self._state
-            if self._file_keyword is None or self._file_keyword[0] != state:
-                texts = file_keyword_texts(self._documents)
-                self._file_keyword = (state, list(texts), TextBM25(list(texts.values())))
-            _, files, keyword = self._file_keyword
-        scores = keyword.scores(query)
-        return {file: float(score) for file, score in zip(files, scores, strict=True) if score > 0}
+            files, bm25 = self._keyword_index().files()
+        return {file: float(score) for file, score in zip(files, bm25.scores(query), strict=True) if score > 0}
+
+    def _keyword_index(self) -> KeywordIndex:
+        """The keyword indexes of the Documents as they are now (the caller holds ``_load_lock``)."""
+        self._ensure_loaded()
+        if self._keyword is None or self._keyword[0] != self._state:
+            self._keyword = (self._state, KeywordIndex(self._documents))
+        return self._keyword[1]
 
     @staticmethod
     def _search(snapshot, query_embeddings: np.ndarray, top_k: int,

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from haystack import Document
 
-from rag_mag.components.faiss_document_store import FAISSDocumentStore, file_keyword_texts, keyword_text
+from rag_mag.components.faiss_document_store import FAISSDocumentStore
 from rag_mag.components.faiss_retriever import RRF_K, FAISSEmbeddingRetriever
+from rag_mag.components.keyword_index import file_keyword_texts, keyword_text
 from rag_mag.retriever.bm25 import TextBM25
 
 

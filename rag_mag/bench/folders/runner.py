@@ -23,7 +23,7 @@ import yaml
 from rag_mag import durable
 from rag_mag.bench.folders.answers import MAX_TOKENS, RAG_TOP_K
 from rag_mag.bench.folders.systems import split_overrides
-from rag_mag.components.faiss_document_store import KEYWORD_TITLE_WEIGHT
+from rag_mag.components.keyword_index import KEYWORD_TITLE_WEIGHT
 from rag_mag.errors import ConfigError
 from rag_mag.ingestion.hubness import sampled_hubness
 from rag_mag.metrics.files import file_at_k, hubness, norm_by_length, page_at_k
