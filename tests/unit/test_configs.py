@@ -53,6 +53,7 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], type]] = {
     "reader.yaml": (load_reader_config, ReaderConfig),
     "writer.yaml": (load_reader_config, ReaderConfig),
     "reader_abstain.yaml": (load_reader_config, ReaderConfig),
+    "reader_abstain_light.yaml": (load_reader_config, ReaderConfig),
     "abstention.yaml": (lambda path: load_abstention_config(path, SPEC_ROOT), AbstentionConfig),
     "realdocs.yaml": (load_folders_config, FoldersConfig),
     "realdocs-training.yaml": (load_folders_config, FoldersConfig),
