@@ -126,16 +126,6 @@ def floor_costs(scores: np.ndarray, items: list, threshold: float) -> dict:
             "em_with_floor": 100 * float((today * kept).mean())}
 
 
-def clapnq_scores(items: list, retriever: str) -> np.ndarray:
-    """Each ClapNQ question's score with its one passage under ``retriever`` (negated: low means abstain)."""
-    from rag_mag.retriever.encoder import MagnitudeEncoder
-
-    encoder = MagnitudeEncoder.load(retriever)
-    queries = encoder.encode([i.question for i in items], "query", treated=True)
-    documents = encoder.encode([f"{i.passages[0][0]}\n{i.passages[0][1]}" for i in items], "document", treated=True)
-    return -(queries * documents).sum(axis=1)
-
-
 def main() -> int:
     import openai
 
@@ -190,7 +180,7 @@ def main() -> int:
     if clapnq:
         known = np.array([i.answerable for i in clapnq])
         for system, retriever in (("qnorm", "artifacts/retriever-default"), ("cosine", "artifacts/retriever-cosine")):
-            score = clapnq_scores(clapnq, retriever)
+            score = best_passage_scores(clapnq, retriever)  # ClapNQ shows one passage
             result["retrieval_signal"][f"clapnq:{system}"] = {"auroc": auroc(score[~known], score[known])}
     for collection in config.collections:
         folder = prepare_collection(collection, artifacts_dir() / "bench" / "collections" / collection, root)
